@@ -1,0 +1,248 @@
+//! Validated runtime configuration, with defaults as named constants.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::session::{SessionConfig, DEFAULT_MAX_BACKLOG, DEFAULT_PING_INTERVAL};
+
+/// Default listen address: loopback only, the NATS port.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:4222";
+/// Default cap on concurrent client connections; further ones are refused.
+pub const DEFAULT_MAX_CLIENTS: usize = 1024;
+/// Default bound of bytes queued toward one client; past it the client is closed as a
+/// slow consumer (nats-server's default `max_pending`).
+pub const DEFAULT_MAX_CLIENT_PENDING: usize = 64 * 1024 * 1024;
+/// Default timeout of one upstream TCP connect.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default time given to connections to finish on shutdown.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+pub use crate::proto::json::Credentials;
+
+/// One upstream server URL: `nats://[user:pass@|token@]host:port`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamUrl {
+    /// `host:port`
+    pub addr: String,
+    pub credentials: Option<Credentials>,
+}
+
+/// A configuration error, naming the field and the fix.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("upstream `{url}`: {why}")]
+    Upstream { url: String, why: &'static str },
+    #[error("no upstream given: pass --upstream nats://host:4222 (or NATSPROXY_UPSTREAM)")]
+    NoUpstream,
+    #[error("{field}: `{value}` is not a duration (use e.g. 500ms, 2s, 2m)")]
+    Duration { field: &'static str, value: String },
+    #[error("{field}: `{value}` is not a size (use e.g. 65536, 512KiB, 8MiB)")]
+    Size { field: &'static str, value: String },
+}
+
+impl UpstreamUrl {
+    /// Parses `nats://…` (the scheme may be omitted). `tls://` is refused until TLS
+    /// upstream support exists, rather than silently connecting in cleartext.
+    pub fn parse(url: &str) -> Result<UpstreamUrl, ConfigError> {
+        let err = |why| ConfigError::Upstream {
+            url: redact(url),
+            why,
+        };
+        let rest = if let Some(r) = url.strip_prefix("nats://") {
+            r
+        } else if url.starts_with("tls://") {
+            return Err(err(
+                "tls:// upstreams are not supported by this build; use nats://",
+            ));
+        } else if url.contains("://") {
+            return Err(err("unknown scheme; use nats://host:port"));
+        } else {
+            url
+        };
+        let rest = rest.trim_end_matches('/');
+        let (auth, hostport) = match rest.rsplit_once('@') {
+            Some((a, h)) => (Some(a), h),
+            None => (None, rest),
+        };
+        let credentials = match auth {
+            None => None,
+            Some(a) => match a.split_once(':') {
+                Some((u, p)) => Some(Credentials::UserPass {
+                    user: u.to_owned(),
+                    pass: p.to_owned(),
+                }),
+                None if !a.is_empty() => Some(Credentials::Token(a.to_owned())),
+                None => return Err(err("empty credentials before '@'")),
+            },
+        };
+        let (host, port) = match hostport.rsplit_once(':') {
+            Some((h, p))
+                if !p.is_empty() && !h.ends_with(']')
+                    || hostport.starts_with('[') && hostport.contains("]:") =>
+            {
+                (h, p)
+            }
+            _ => (hostport, "4222"),
+        };
+        if host.is_empty() {
+            return Err(err("missing host"));
+        }
+        let port: u16 = port
+            .parse()
+            .map_err(|_| err("port is not a number 1-65535"))?;
+        if port == 0 {
+            return Err(err("port is not a number 1-65535"));
+        }
+        Ok(UpstreamUrl {
+            addr: format!("{host}:{port}"),
+            credentials,
+        })
+    }
+}
+
+/// Replaces the credentials part of a URL with `***` for messages and logs.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(a)) if a > s => format!("{}***{}", &url[..s + 3], &url[a..]),
+        (None, Some(a)) => format!("***{}", &url[a..]),
+        _ => url.to_owned(),
+    }
+}
+
+/// Parses `500ms`, `2s`, `2m`, `1h`, or a bare number of seconds.
+pub fn parse_duration(field: &'static str, v: &str) -> Result<Duration, ConfigError> {
+    let e = || ConfigError::Duration {
+        field,
+        value: v.to_owned(),
+    };
+    let v = v.trim();
+    let split = v
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(v.len());
+    let (num, unit) = v.split_at(split);
+    let n: f64 = num.parse().map_err(|_| e())?;
+    let secs = match unit.trim() {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(e()),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|_| e())
+}
+
+/// Parses a byte size: `65536`, `64KiB`, `8MiB`, `1GiB` (also KB/MB/GB as powers of 1000).
+pub fn parse_size(field: &'static str, v: &str) -> Result<usize, ConfigError> {
+    let e = || ConfigError::Size {
+        field,
+        value: v.to_owned(),
+    };
+    let v = v.trim();
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (num, unit) = v.split_at(split);
+    let n: usize = num.parse().map_err(|_| e())?;
+    let mul = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" | "k" => 1 << 10,
+        "mib" | "m" => 1 << 20,
+        "gib" | "g" => 1 << 30,
+        "kb" => 1000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        _ => return Err(e()),
+    };
+    n.checked_mul(mul).ok_or_else(e)
+}
+
+/// The proxy's whole configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub upstreams: Vec<UpstreamUrl>,
+    pub ping_interval: Duration,
+    pub connect_timeout: Duration,
+    pub max_clients: usize,
+    pub max_client_pending: usize,
+    pub max_backlog: usize,
+    pub shutdown_grace: Duration,
+}
+
+impl Config {
+    /// A configuration with defaults for everything but the upstreams.
+    pub fn new(listen: SocketAddr, upstreams: Vec<UpstreamUrl>) -> Config {
+        Config {
+            listen,
+            upstreams,
+            ping_interval: DEFAULT_PING_INTERVAL,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            max_clients: DEFAULT_MAX_CLIENTS,
+            max_client_pending: DEFAULT_MAX_CLIENT_PENDING,
+            max_backlog: DEFAULT_MAX_BACKLOG,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
+
+    /// The per-client session configuration derived from this one.
+    pub fn session(&self) -> SessionConfig {
+        SessionConfig {
+            upstreams: self.upstreams.iter().map(|u| u.addr.clone()).collect(),
+            credentials: self.upstreams.first().and_then(|u| u.credentials.clone()),
+            ping_interval: self.ping_interval,
+            max_pings_out: 2,
+            max_backlog: self.max_backlog,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_urls() {
+        let u = UpstreamUrl::parse("nats://127.0.0.1:4222").unwrap();
+        assert_eq!(u.addr, "127.0.0.1:4222");
+        assert_eq!(u.credentials, None);
+        let u = UpstreamUrl::parse("nats://alice:s3cret@n1:4333").unwrap();
+        assert_eq!(u.addr, "n1:4333");
+        assert_eq!(
+            u.credentials,
+            Some(Credentials::UserPass {
+                user: "alice".into(),
+                pass: "s3cret".into()
+            })
+        );
+        let u = UpstreamUrl::parse("nats://tok@n1").unwrap();
+        assert_eq!(u.addr, "n1:4222");
+        assert_eq!(u.credentials, Some(Credentials::Token("tok".into())));
+        assert_eq!(
+            UpstreamUrl::parse("localhost:5000").unwrap().addr,
+            "localhost:5000"
+        );
+        assert_eq!(
+            UpstreamUrl::parse("nats://[::1]:5000").unwrap().addr,
+            "[::1]:5000"
+        );
+        assert!(UpstreamUrl::parse("http://x:1").is_err());
+        assert!(UpstreamUrl::parse("nats://x:notaport").is_err());
+        let e = UpstreamUrl::parse("tls://u:secret@x:1")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("secret"), "{e}");
+    }
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(
+            parse_duration("f", "500ms").unwrap(),
+            Duration::from_millis(500)
+        );
+        assert_eq!(parse_duration("f", "2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("f", "2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("f", "3").unwrap(), Duration::from_secs(3));
+        assert!(parse_duration("f", "2x").is_err());
+        assert_eq!(parse_size("f", "8MiB").unwrap(), 8 << 20);
+        assert_eq!(parse_size("f", "65536").unwrap(), 65536);
+        assert!(parse_size("f", "lots").is_err());
+    }
+}

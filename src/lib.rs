@@ -1,0 +1,18 @@
+//! natsproxy: a NATS-aware localhost sidecar proxy.
+//!
+//! ```text
+//!  client TCP ──► driver (proxy/) ──bytes──► Session (session/, pure) ──Actions──► driver ──► upstream
+//!                      ▲                          │ uses proto/ (pure codec)
+//!                      └──────── Actions ◄────────┘
+//! ```
+//! - [`proto`]: sans-io NATS codec, both directions.
+//! - [`session`]: sans-io per-client state machine (bytes, events and `now` in; actions out).
+//! - [`proxy`]: the tokio shell: listener, per-client driver, dialing, shutdown.
+
+pub mod cli;
+pub mod config;
+pub mod proto;
+pub mod proxy;
+pub mod session;
+pub mod shutdown;
+pub mod telemetry;

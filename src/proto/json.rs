@@ -1,0 +1,305 @@
+//! CONNECT and INFO payloads. Only the fields the proxy acts on are typed; the INFO it
+//! writes for clients is derived from the upstream's by removing what must not reach them.
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// Credentials the proxy itself presents upstream (they replace the client's).
+#[derive(Clone, PartialEq, Eq)]
+pub enum Credentials {
+    UserPass { user: String, pass: String },
+    Token(String),
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credentials::UserPass { user, .. } => write!(f, "UserPass({user}, ***)"),
+            Credentials::Token(_) => write!(f, "Token(***)"),
+        }
+    }
+}
+
+/// The options of a client's CONNECT, with nats-server's defaults for absent fields.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientOptions {
+    pub verbose: bool,
+    pub pedantic: bool,
+    pub echo: bool,
+    pub headers: bool,
+    pub no_responders: bool,
+    pub protocol: i64,
+    pub name: Option<String>,
+    pub lang: Option<String>,
+    pub version: Option<String>,
+    pub user: Option<String>,
+    pub pass: Option<String>,
+    pub auth_token: Option<String>,
+}
+
+impl Default for ClientOptions {
+    /// What nats-server assumes before (or without) a CONNECT: verbose, pedantic and echo on.
+    fn default() -> Self {
+        ClientOptions {
+            verbose: true,
+            pedantic: true,
+            echo: true,
+            headers: false,
+            no_responders: false,
+            protocol: 0,
+            name: None,
+            lang: None,
+            version: None,
+            user: None,
+            pass: None,
+            auth_token: None,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct RawConnect {
+    verbose: Option<bool>,
+    pedantic: Option<bool>,
+    echo: Option<bool>,
+    headers: Option<bool>,
+    no_responders: Option<bool>,
+    protocol: Option<i64>,
+    name: Option<String>,
+    lang: Option<String>,
+    version: Option<String>,
+    user: Option<String>,
+    pass: Option<String>,
+    auth_token: Option<String>,
+    account: Option<String>,
+    new_account: Option<bool>,
+}
+
+/// Why a CONNECT is refused, with nats-server's reaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectRejection {
+    /// Unparsable JSON: silent close.
+    BadJson,
+    /// `protocol` outside 0..=1.
+    BadProtocol,
+    /// `no_responders` without `headers`.
+    NoRespondersNeedsHeaders,
+    /// `account` / `new_account` present.
+    Authorization,
+}
+
+impl ConnectRejection {
+    /// The `-ERR` line sent before closing, if any.
+    pub fn err_text(self) -> Option<&'static str> {
+        match self {
+            ConnectRejection::BadJson => None,
+            ConnectRejection::BadProtocol => Some("invalid client protocol"),
+            ConnectRejection::NoRespondersNeedsHeaders => {
+                Some("no responders requires headers support")
+            }
+            ConnectRejection::Authorization => Some("Authorization Violation"),
+        }
+    }
+}
+
+impl ClientOptions {
+    /// Applies a CONNECT to the current options: present fields overwrite, absent and
+    /// `null` fields keep their value (as Go's `json.Unmarshal` into existing options does).
+    pub fn apply_connect(&self, json: &[u8]) -> Result<ClientOptions, ConnectRejection> {
+        let raw: RawConnect =
+            serde_json::from_slice(json).map_err(|_| ConnectRejection::BadJson)?;
+        let mut o = self.clone();
+        o.verbose = raw.verbose.unwrap_or(o.verbose);
+        o.pedantic = raw.pedantic.unwrap_or(o.pedantic);
+        o.echo = raw.echo.unwrap_or(o.echo);
+        o.headers = raw.headers.unwrap_or(o.headers);
+        o.no_responders = raw.no_responders.unwrap_or(o.no_responders);
+        o.protocol = raw.protocol.unwrap_or(o.protocol);
+        o.name = raw.name.or(o.name);
+        o.lang = raw.lang.or(o.lang);
+        o.version = raw.version.or(o.version);
+        o.user = raw.user.or(o.user);
+        o.pass = raw.pass.or(o.pass);
+        o.auth_token = raw.auth_token.or(o.auth_token);
+        if !(0..=1).contains(&o.protocol) {
+            return Err(ConnectRejection::BadProtocol);
+        }
+        if o.no_responders && !o.headers {
+            return Err(ConnectRejection::NoRespondersNeedsHeaders);
+        }
+        if raw.account.is_some_and(|a| !a.is_empty()) || raw.new_account == Some(true) {
+            return Err(ConnectRejection::Authorization);
+        }
+        Ok(o)
+    }
+
+    /// The CONNECT the proxy sends upstream on the client's behalf: explicit
+    /// `verbose:false,pedantic:false` (the server defaults are true), protocol 1 so that
+    /// async INFOs (lame duck) arrive, headers and no_responders on, echo and identity and
+    /// pass-through credentials from the client.
+    pub fn upstream_connect_json(&self, held: Option<&Credentials>) -> Vec<u8> {
+        let mut m = Map::new();
+        m.insert("verbose".into(), false.into());
+        m.insert("pedantic".into(), false.into());
+        m.insert("tls_required".into(), false.into());
+        m.insert("protocol".into(), 1.into());
+        m.insert("echo".into(), self.echo.into());
+        m.insert("headers".into(), true.into());
+        m.insert("no_responders".into(), true.into());
+        let name = self.name.as_deref().unwrap_or("natsproxy");
+        m.insert("name".into(), name.into());
+        m.insert("lang".into(), self.lang.as_deref().unwrap_or("rust").into());
+        let version = self.version.as_deref().unwrap_or(env!("CARGO_PKG_VERSION"));
+        m.insert("version".into(), version.into());
+        match held {
+            Some(Credentials::UserPass { user, pass }) => {
+                m.insert("user".into(), user.clone().into());
+                m.insert("pass".into(), pass.clone().into());
+            }
+            Some(Credentials::Token(t)) => {
+                m.insert("auth_token".into(), t.clone().into());
+            }
+            None => {
+                let fields = [
+                    ("user", &self.user),
+                    ("pass", &self.pass),
+                    ("auth_token", &self.auth_token),
+                ];
+                for (k, v) in fields {
+                    if let Some(v) = v {
+                        m.insert(k.into(), v.clone().into());
+                    }
+                }
+            }
+        }
+        serde_json::to_vec(&Value::Object(m)).unwrap_or_default()
+    }
+}
+
+/// The fields of a server INFO the proxy acts on, plus the whole object.
+#[derive(Debug, Clone, Default)]
+pub struct ServerInfo {
+    pub max_payload: Option<usize>,
+    pub ldm: bool,
+    pub connect_urls: Vec<String>,
+    pub auth_required: bool,
+    pub tls_required: bool,
+    pub server_name: String,
+    pub server_id: String,
+    pub nonce: Option<String>,
+    /// The whole INFO object.
+    pub raw: Map<String, Value>,
+}
+
+impl ServerInfo {
+    /// Parses an INFO's JSON. `None` for anything that is not a JSON object.
+    pub fn parse(json: &[u8]) -> Option<ServerInfo> {
+        let Value::Object(raw) = serde_json::from_slice(json).ok()? else {
+            return None;
+        };
+        let s = |k: &str| raw.get(k).and_then(Value::as_str).map(str::to_owned);
+        let b = |k: &str| raw.get(k).and_then(Value::as_bool).unwrap_or(false);
+        Some(ServerInfo {
+            max_payload: raw
+                .get("max_payload")
+                .and_then(Value::as_u64)
+                .map(|v| v as usize),
+            ldm: b("ldm"),
+            connect_urls: raw
+                .get("connect_urls")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|u| u.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            auth_required: b("auth_required"),
+            tls_required: b("tls_required"),
+            server_name: s("server_name").unwrap_or_default(),
+            server_id: s("server_id").unwrap_or_default(),
+            nonce: s("nonce"),
+            raw,
+        })
+    }
+
+    /// The INFO the proxy gives its client: the upstream's minus everything that would
+    /// make the client bypass the proxy (`connect_urls`), react to the cluster
+    /// (`ldm`), or negotiate TLS/nonces with the proxy. `headers:true`, `proto:1`.
+    pub fn client_info_json(&self, max_payload: usize, auth_required: bool) -> Vec<u8> {
+        let mut m = self.raw.clone();
+        for k in [
+            "connect_urls",
+            "ws_connect_urls",
+            "ldm",
+            "nonce",
+            "auth_required",
+            "tls_required",
+            "tls_verify",
+            "tls_available",
+            "connect_info",
+            "remote_account",
+            "acc_is_sys",
+            "xkey",
+        ] {
+            m.remove(k);
+        }
+        m.insert("headers".into(), true.into());
+        m.insert("proto".into(), 1.into());
+        m.insert("max_payload".into(), max_payload.into());
+        m.insert("tls_required".into(), false.into());
+        if auth_required {
+            m.insert("auth_required".into(), true.into());
+        }
+        serde_json::to_vec(&Value::Object(m)).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_defaults_are_kept_for_absent_and_null_fields() {
+        let o = ClientOptions::default().apply_connect(b"{}").unwrap();
+        assert!(o.verbose && o.pedantic && o.echo);
+        let o = ClientOptions::default()
+            .apply_connect(br#"{"verbose":false,"pedantic":null,"headers":true,"no_responders":true,"jwt":null}"#)
+            .unwrap();
+        assert!(!o.verbose && o.pedantic && o.headers && o.no_responders);
+    }
+
+    #[test]
+    fn connect_rejections() {
+        let d = ClientOptions::default();
+        assert_eq!(d.apply_connect(b"{"), Err(ConnectRejection::BadJson));
+        assert_eq!(
+            d.apply_connect(br#"{"protocol":2}"#),
+            Err(ConnectRejection::BadProtocol)
+        );
+        assert_eq!(
+            d.apply_connect(br#"{"no_responders":true}"#),
+            Err(ConnectRejection::NoRespondersNeedsHeaders)
+        );
+        assert_eq!(
+            d.apply_connect(br#"{"account":"A"}"#),
+            Err(ConnectRejection::Authorization)
+        );
+    }
+
+    #[test]
+    fn client_info_strips_cluster_fields() {
+        let i = ServerInfo::parse(br#"{"server_id":"X","max_payload":2048,"connect_urls":["a:1"],"ldm":true,"nonce":"n","tls_required":true,"port":4222}"#).unwrap();
+        assert!(i.ldm);
+        assert_eq!(i.connect_urls, vec!["a:1".to_string()]);
+        let out: Value = serde_json::from_slice(&i.client_info_json(2048, false)).unwrap();
+        assert!(out.get("connect_urls").is_none());
+        assert!(out.get("ldm").is_none());
+        assert!(out.get("nonce").is_none());
+        assert_eq!(out["tls_required"], false);
+        assert_eq!(out["headers"], true);
+        assert_eq!(out["proto"], 1);
+        assert_eq!(out["max_payload"], 2048);
+        assert_eq!(out["port"], 4222);
+    }
+}

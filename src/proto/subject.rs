@@ -1,0 +1,69 @@
+//! Subject validation, with nats-server's rules (`IsValidSubject`, `IsValidLiteralSubject`).
+
+/// A subject a SUB may use: non-empty tokens separated by `.`, no whitespace, `>` only as
+/// the last token.
+pub fn is_valid_subject(s: &[u8]) -> bool {
+    if s.is_empty() {
+        return false;
+    }
+    let mut full_wildcard_seen = false;
+    for t in s.split(|&c| c == b'.') {
+        if t.is_empty() || full_wildcard_seen {
+            return false;
+        }
+        if t.len() > 1 {
+            if t.iter()
+                .any(|c| matches!(c, b' ' | b'\t' | b'\n' | 0x0c | b'\r'))
+            {
+                return false;
+            }
+            continue;
+        }
+        match t[0] {
+            b'>' => full_wildcard_seen = true,
+            b' ' | b'\t' | b'\n' | b'\r' | 0x0c => return false,
+            _ => {}
+        }
+    }
+    true
+}
+
+/// A subject a PUB may use in pedantic mode: valid and without wildcard tokens.
+pub fn is_valid_literal_subject(s: &[u8]) -> bool {
+    is_valid_subject(s) && s.split(|&c| c == b'.').all(|t| t != b"*" && t != b">")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects() {
+        for ok in [
+            &b"foo"[..],
+            b"foo.bar",
+            b"foo.*",
+            b"foo.>",
+            b"*",
+            b">",
+            b"foo*.b>r",
+        ] {
+            assert!(is_valid_subject(ok), "{:?}", String::from_utf8_lossy(ok));
+        }
+        for bad in [
+            &b""[..],
+            b".",
+            b"foo.",
+            b".foo",
+            b"foo..bar",
+            b"foo.>.bar",
+            b"a b",
+        ] {
+            assert!(!is_valid_subject(bad), "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert!(is_valid_literal_subject(b"foo.bar"));
+        assert!(!is_valid_literal_subject(b"foo.*"));
+        assert!(!is_valid_literal_subject(b">"));
+        assert!(is_valid_literal_subject(b"foo*"));
+    }
+}

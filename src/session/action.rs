@@ -1,0 +1,45 @@
+//! What the session asks its driver to do.
+
+use bytes::Bytes;
+
+/// Generation number of an upstream connection. Every dial gets a new one; anything that
+/// arrives from an epoch that is no longer live is ignored, never routed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Epoch(pub u64);
+
+impl std::fmt::Display for Epoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// Why the client connection is being closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The client violated the protocol (the matching `-ERR`, if any, was queued first).
+    ClientProtocol,
+    /// The client went away.
+    ClientGone,
+    /// The upstream closed, failed or went stale and no other could take over.
+    UpstreamLost,
+    /// The client wrote more than the proxy buffers toward the upstream... or read too slowly.
+    SlowConsumer,
+    /// The proxy is shutting down.
+    Shutdown,
+}
+
+/// An effect for the driver to carry out, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Write these bytes to the client.
+    ToClient(Bytes),
+    /// Write these bytes to the upstream connection of this epoch.
+    ToUpstream(Epoch, Bytes),
+    /// Open a TCP connection to `addr` (`host:port`) for this epoch; report with
+    /// `handle_upstream_connected` or `handle_upstream_lost`.
+    Dial { epoch: Epoch, addr: String },
+    /// Close the upstream connection of this epoch (after writing what is queued).
+    CloseUpstream(Epoch),
+    /// Flush what is queued for the client, then close it.
+    CloseClient(CloseReason),
+}
