@@ -51,6 +51,17 @@ pub struct Cli {
     #[arg(long, env = "NATSPROXY_MAX_BACKLOG", default_value = "8MiB")]
     pub max_backlog: String,
 
+    /// How long the new upstream's subscriptions get to propagate through the cluster
+    /// before the old upstream's are removed during a lame-duck migration.
+    #[arg(long, env = "NATSPROXY_SETTLE", default_value = "250ms")]
+    pub settle: String,
+
+    /// With no upstream reachable for this long, the client is closed with -ERR so that
+    /// its own reconnect logic takes over. Meanwhile its publishes are buffered (up to
+    /// --max-backlog) and its PINGs answered.
+    #[arg(long, env = "NATSPROXY_MAX_OUTAGE", default_value = "2m")]
+    pub max_outage: String,
+
     /// Time connections get to finish on SIGTERM/SIGINT.
     #[arg(long, env = "NATSPROXY_SHUTDOWN_GRACE", default_value = "5s")]
     pub shutdown_grace: String,
@@ -89,6 +100,8 @@ impl Cli {
         c.ping_interval = config::parse_duration("--ping-interval", &self.ping_interval)?;
         c.connect_timeout = config::parse_duration("--connect-timeout", &self.connect_timeout)?;
         c.shutdown_grace = config::parse_duration("--shutdown-grace", &self.shutdown_grace)?;
+        c.settle = config::parse_duration("--settle", &self.settle)?;
+        c.max_outage = config::parse_duration("--max-outage", &self.max_outage)?;
         c.max_clients = self.max_clients;
         c.max_client_pending =
             config::parse_size("--max-client-pending", &self.max_client_pending)?;

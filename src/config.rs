@@ -3,7 +3,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::session::{SessionConfig, DEFAULT_MAX_BACKLOG, DEFAULT_PING_INTERVAL};
+use crate::session::{
+    SessionConfig, DEFAULT_BACKOFF_MAX, DEFAULT_BACKOFF_MIN, DEFAULT_MAX_BACKLOG,
+    DEFAULT_MAX_OUTAGE, DEFAULT_PING_INTERVAL, DEFAULT_SETTLE,
+};
 
 /// Default listen address: loopback only, the NATS port.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4222";
@@ -165,6 +168,10 @@ pub struct Config {
     pub max_client_pending: usize,
     pub max_backlog: usize,
     pub shutdown_grace: Duration,
+    pub settle: Duration,
+    pub max_outage: Duration,
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
 }
 
 impl Config {
@@ -179,6 +186,10 @@ impl Config {
             max_client_pending: DEFAULT_MAX_CLIENT_PENDING,
             max_backlog: DEFAULT_MAX_BACKLOG,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            settle: DEFAULT_SETTLE,
+            max_outage: DEFAULT_MAX_OUTAGE,
+            backoff_min: DEFAULT_BACKOFF_MIN,
+            backoff_max: DEFAULT_BACKOFF_MAX,
         }
     }
 
@@ -190,6 +201,13 @@ impl Config {
             ping_interval: self.ping_interval,
             max_pings_out: 2,
             max_backlog: self.max_backlog,
+            settle: self.settle,
+            max_outage: self.max_outage,
+            backoff_min: self.backoff_min,
+            backoff_max: self.backoff_max,
+            max_dedup_entries: crate::session::dedup::DEFAULT_MAX_ENTRIES,
+            max_hold_bytes: crate::session::dedup::DEFAULT_MAX_HOLD_BYTES,
+            seed: fastrand::u64(..),
         }
     }
 }

@@ -33,9 +33,37 @@ pub fn is_valid_literal_subject(s: &[u8]) -> bool {
     is_valid_subject(s) && s.split(|&c| c == b'.').all(|t| t != b"*" && t != b">")
 }
 
+/// Whether a literal `subject` matches the subscription `pattern` (`*` one token, `>` the
+/// rest, at least one token).
+pub fn matches(pattern: &[u8], subject: &[u8]) -> bool {
+    let mut p = pattern.split(|&c| c == b'.');
+    let mut s = subject.split(|&c| c == b'.');
+    loop {
+        match (p.next(), s.next()) {
+            (Some(b">"), Some(_)) => return true,
+            (Some(b"*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn matching() {
+        assert!(matches(b"foo", b"foo"));
+        assert!(matches(b"foo.*", b"foo.bar"));
+        assert!(!matches(b"foo.*", b"foo.bar.baz"));
+        assert!(matches(b"foo.>", b"foo.bar.baz"));
+        assert!(!matches(b"foo.>", b"foo"));
+        assert!(matches(b">", b"a"));
+        assert!(!matches(b"foo", b"foo.bar"));
+        assert!(!matches(b"foo.bar", b"foo"));
+    }
 
     #[test]
     fn subjects() {

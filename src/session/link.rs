@@ -1,7 +1,10 @@
-//! One upstream connection as the session sees it: handshake state and PING ledger.
+//! One upstream connection as the session sees it: handshake state, PING ledger, and the
+//! client data written on it that the server has not yet confirmed.
 
 use std::collections::VecDeque;
 use std::time::Instant;
+
+use bytes::Bytes;
 
 use super::action::Epoch;
 use crate::proto::json::ServerInfo;
@@ -14,12 +17,10 @@ pub enum LinkState {
     Dialing,
     /// Connected; waiting for the server's INFO.
     AwaitInfo,
-    /// INFO received; CONNECT not sent yet (the client has not sent its CONNECT).
+    /// INFO received; CONNECT not sent yet (the client has not connected yet).
     AwaitClientConnect,
-    /// CONNECT + PING written; waiting for the PONG that proves the server accepted us.
-    Handshake,
-    /// Handshake PONG received.
-    Ready,
+    /// CONNECT + PING and the subscription replay written.
+    Established,
 }
 
 /// Who a PING sent upstream belongs to; its PONG goes to that owner.
@@ -27,10 +28,25 @@ pub enum LinkState {
 pub enum PingOwner {
     /// The client's PING: relay a PONG to the client.
     Client,
-    /// The PING after CONNECT: the link becomes Ready.
+    /// The PING right after CONNECT: the server accepted us.
     Handshake,
-    /// The proxy's keepalive.
+    /// The PING after the subscription replay: the subscriptions are registered.
+    Replay,
+    /// Barrier on the old link before client traffic moves to the new one.
+    Switch,
+    /// Barrier after UNSUB-ing everything on the old link: it delivers nothing more.
+    Drain,
+    /// Keepalive, or confirmation of client data written.
     Keepalive,
+}
+
+/// A PING written and not yet answered.
+#[derive(Debug, Clone, Copy)]
+pub struct PingEntry {
+    pub owner: PingOwner,
+    pub sent_at: Instant,
+    /// Client data written before this PING (sequence number): its PONG confirms it.
+    pub mark: u64,
 }
 
 /// An upstream connection.
@@ -40,11 +56,20 @@ pub struct Link {
     pub state: LinkState,
     pub info: Option<ServerInfo>,
     /// PINGs written and not yet answered, oldest first.
-    pub pings: VecDeque<(PingOwner, Instant)>,
+    pub pings: VecDeque<PingEntry>,
     /// When the next keepalive PING is due.
     pub keepalive_at: Instant,
     /// Decoder of this link's byte stream.
     pub decoder: ServerDecoder,
+    /// Client publishes written on this link and not yet confirmed by a PONG.
+    pub unconfirmed: VecDeque<(u64, Bytes)>,
+    pub unconfirmed_bytes: usize,
+    /// Sequence number of the last client publish written.
+    pub seq: u64,
+    /// The server announced lame duck mode on this link.
+    pub ldm: bool,
+    /// The handshake PONG arrived.
+    pub accepted: bool,
 }
 
 impl Link {
@@ -58,17 +83,49 @@ impl Link {
             pings: VecDeque::new(),
             keepalive_at: now,
             decoder: ServerDecoder::new(Limits::upstream()),
+            unconfirmed: VecDeque::new(),
+            unconfirmed_bytes: 0,
+            seq: 0,
+            ldm: false,
+            accepted: false,
         }
     }
 
     /// True once CONNECT has been written: client traffic may follow it.
-    pub fn accepts_traffic(&self) -> bool {
-        matches!(self.state, LinkState::Handshake | LinkState::Ready)
+    pub fn established(&self) -> bool {
+        self.state == LinkState::Established
     }
 
     /// Send time of the oldest unanswered PING.
     pub fn oldest_ping(&self) -> Option<Instant> {
-        self.pings.front().map(|p| p.1)
+        self.pings.front().map(|p| p.sent_at)
+    }
+
+    /// Records a PING written now.
+    pub fn ping_sent(&mut self, owner: PingOwner, now: Instant) {
+        self.pings.push_back(PingEntry {
+            owner,
+            sent_at: now,
+            mark: self.seq,
+        });
+    }
+
+    /// Records a client publish written on this link.
+    pub fn publish_sent(&mut self, b: Bytes) {
+        self.seq += 1;
+        self.unconfirmed_bytes += b.len();
+        self.unconfirmed.push_back((self.seq, b));
+    }
+
+    /// A PONG arrived: returns the entry it answers and drops the data it confirms.
+    pub fn pong(&mut self) -> Option<PingEntry> {
+        let e = self.pings.pop_front()?;
+        while self.unconfirmed.front().is_some_and(|(s, _)| *s <= e.mark) {
+            if let Some((_, b)) = self.unconfirmed.pop_front() {
+                self.unconfirmed_bytes -= b.len();
+            }
+        }
+        Some(e)
     }
 
     /// Name of the server for logs.

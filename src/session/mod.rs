@@ -1,28 +1,50 @@
 //! The per-client state machine: pure, sans-io. It takes client bytes, upstream bytes,
 //! connection events and `now`, and returns [`Action`]s for the driver to carry out.
 //!
+//! # Links
+//!
+//! A session has up to three upstream links, each with its own [`Epoch`]:
+//! - **primary**: receives the client's traffic;
+//! - **standby**: being brought up (dial → INFO → CONNECT+PING → SUB replay → PING);
+//! - **retiring**: the old primary after a switch, until it has been drained.
+//!
+//! Events from an epoch that holds none of these roles are dropped, never routed.
+//!
 //! # Phases
 //!
 //! ```text
-//!            new()                      upstream INFO                 client CONNECT
-//!  ──► Dial(epoch 1) ──► AwaitInfo ─────────────────► (client INFO sent) ───────────────┐
-//!                                                                                        ▼
-//!                                            CONNECT+PING upstream, backlog flushed: Handshake
-//!                                                                                        │ PONG
-//!                                                                                        ▼
-//!                                                                                      Ready
-//!   upstream closed / reset / stale (2 keepalive intervals without PONG) ──► client closed
-//!   client protocol error ──► -ERR (as nats-server) + close;   client EOF ──► everything closed
+//!  new() ─► Dial ─► standby: AwaitInfo ─INFO─► (client INFO sent once) ─client CONNECT─┐
+//!                                                                                     ▼
+//!          CONNECT, PING, replay SUBs (same sid/subject/queue, max − delivered), PING ─► promoted
+//!          to primary at once when there is none (start-up, failover); backlog flushed
+//!
+//!  lame duck (INFO ldm:true on primary A), make-before-break:
+//!   Dial B ─► B established (replay written; overlap de-dup starts: both links deliver)
+//!     ─ B's replay PONG (its SUBs are registered) ─► switch barrier: PING on A; client
+//!       traffic waits in the backlog ─ A's PONG (all earlier publishes processed) ─►
+//!       SWITCH: A retiring, B primary, backlog flushed to B
+//!     ─ settle delay after B's replay PONG (interest propagates through the cluster) ─►
+//!       UNSUB every sid on A + PING ─ A's PONG (A delivers nothing more) ─► A closed;
+//!       A's de-dup entries linger one settle delay for B's late copies; done
+//!
+//!  hard failover (primary closed, reset, garbage, or stale: a PING unanswered for
+//!  ping_interval × max_pings_out):
+//!   client stays connected; its owed PONGs are answered; publishes not confirmed by a
+//!   PONG on the dead link go back to the front of the backlog; dial another node
+//!   (backoff doubling from backoff_min to backoff_max, jittered) ─► promoted as above.
+//!   No upstream for max_outage ─► -ERR to the client and close.
 //! ```
 //!
-//! Client traffic that arrives before CONNECT could be sent upstream waits in the backlog
-//! (bounded by `max_backlog` bytes; past it the driver stops reading the client).
-//! The client's PINGs are sent upstream and the PONG is relayed when the upstream answers
-//! them, so a PONG proves that everything the client sent before reached the server.
-//! Every upstream link has an [`Epoch`]; events from an epoch that is not live are dropped.
+//! Client traffic that cannot be written (no established primary, or a switch barrier
+//! pending) waits in the backlog, bounded with the primary's unconfirmed data by
+//! `max_backlog` bytes; past it the driver stops reading the client. The client's PINGs go
+//! upstream and its PONG is relayed when the upstream answers, so a PONG proves that
+//! everything before it reached the server (during an outage they are answered at once).
 
 pub mod action;
+pub mod dedup;
 pub mod link;
+pub mod pool;
 pub mod replies;
 pub mod subs;
 
@@ -31,12 +53,14 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
-use crate::proto::json::{ClientOptions, ServerInfo};
+use crate::proto::json::{ClientOptions, Credentials, ServerInfo};
 use crate::proto::{
     encode, subject, ClientDecoder, ClientOp, Limits, Message, ProtoError, ServerOp,
 };
 pub use action::{Action, CloseReason, Epoch};
+use dedup::Dedup;
 use link::{Link, LinkState, PingOwner};
+use pool::NodePool;
 use replies::{Ready, ReplyQueue};
 use subs::SubTable;
 
@@ -44,6 +68,14 @@ use subs::SubTable;
 pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(2);
 /// Default bound of client bytes held while no upstream can take them.
 pub const DEFAULT_MAX_BACKLOG: usize = 8 * 1024 * 1024;
+/// Default time the new link's subscriptions get to propagate before the old link's go.
+pub const DEFAULT_SETTLE: Duration = Duration::from_millis(250);
+/// Default time without any upstream before the client is closed.
+pub const DEFAULT_MAX_OUTAGE: Duration = Duration::from_secs(120);
+/// First reconnect delay after the immediate attempt.
+pub const DEFAULT_BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// Largest reconnect delay.
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// Static configuration of a session.
 #[derive(Debug, Clone)]
@@ -51,14 +83,25 @@ pub struct SessionConfig {
     /// Upstream addresses (`host:port`) in order of preference.
     pub upstreams: Vec<String>,
     /// Credentials the proxy presents upstream instead of the client's.
-    pub credentials: Option<crate::config::Credentials>,
-    /// Interval of the proxy's keepalive PINGs upstream; a link with a PING unanswered for
-    /// `ping_interval * max_pings_out` is stale.
+    pub credentials: Option<Credentials>,
+    /// Interval of the proxy's keepalive PINGs upstream.
     pub ping_interval: Duration,
-    /// Missed keepalives that make a link stale.
+    /// A link with a PING unanswered for `ping_interval * max_pings_out` is stale.
     pub max_pings_out: u32,
-    /// Bound of client bytes buffered while no upstream accepts traffic.
+    /// Bound of client bytes buffered while they cannot be written or are unconfirmed.
     pub max_backlog: usize,
+    /// Time the new link's subscriptions get to propagate before the old ones are removed.
+    pub settle: Duration,
+    /// Time without any upstream before the client is closed with `-ERR`.
+    pub max_outage: Duration,
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    /// Bound of the overlap de-duplication memory (fingerprints).
+    pub max_dedup_entries: usize,
+    /// Bound of bytes held back from the new link during an overlap.
+    pub max_hold_bytes: usize,
+    /// Seed of the backoff jitter.
+    pub seed: u64,
 }
 
 impl Default for SessionConfig {
@@ -69,8 +112,60 @@ impl Default for SessionConfig {
             ping_interval: DEFAULT_PING_INTERVAL,
             max_pings_out: 2,
             max_backlog: DEFAULT_MAX_BACKLOG,
+            settle: DEFAULT_SETTLE,
+            max_outage: DEFAULT_MAX_OUTAGE,
+            backoff_min: DEFAULT_BACKOFF_MIN,
+            backoff_max: DEFAULT_BACKOFF_MAX,
+            max_dedup_entries: dedup::DEFAULT_MAX_ENTRIES,
+            max_hold_bytes: dedup::DEFAULT_MAX_HOLD_BYTES,
+            seed: 0,
         }
     }
+}
+
+/// Why the session moved (or is moving) to another upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The node announced lame duck mode.
+    LameDuck,
+    /// The connection closed or reset.
+    Closed,
+    /// The node stopped answering PINGs.
+    Stale,
+    /// The node sent something that is not NATS protocol.
+    Protocol,
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Reason::LameDuck => "ldm",
+            Reason::Closed => "closed",
+            Reason::Stale => "stale",
+            Reason::Protocol => "protocol",
+        })
+    }
+}
+
+/// Counters of one session (the driver adds them to the process-wide metrics).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    /// Completed make-before-break switches.
+    pub migrations: u64,
+    /// Primaries lost without warning.
+    pub failovers: u64,
+    /// SUBs written in replays.
+    pub subs_replayed: u64,
+    /// Overlap duplicates dropped.
+    pub duplicates_suppressed: u64,
+    /// Messages forwarded after the de-dup bound was reached.
+    pub possible_duplicates: u64,
+    /// Own messages dropped for echo:false clients.
+    pub echoes_suppressed: u64,
+    /// Unconfirmed publishes written again after a link died.
+    pub publishes_resent: u64,
+    /// Time from lame-duck INFO to switch of the last migration.
+    pub last_switch: Option<Duration>,
 }
 
 /// Client-facing progress.
@@ -86,11 +181,26 @@ enum ClientState {
     Closed,
 }
 
-/// A client op waiting for an upstream that accepts traffic.
+/// A client op waiting for a primary that accepts traffic.
 #[derive(Debug)]
 enum Pending {
     Data(Bytes),
     Ping,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Primary,
+    Standby,
+    Retiring,
+}
+
+/// A move in progress.
+#[derive(Debug)]
+struct Migration {
+    reason: Reason,
+    started: Instant,
+    from: String,
 }
 
 /// The pure per-client state machine. See the module docs for the phase diagram.
@@ -101,20 +211,40 @@ pub struct Session {
     client_dec: ClientDecoder,
     replies: ReplyQueue,
     subs: SubTable,
-    link: Option<Link>,
+    pool: NodePool,
+    primary: Option<Link>,
+    standby: Option<Link>,
+    retiring: Option<Link>,
+    /// A switch barrier PING is outstanding on the primary.
+    switching: bool,
+    /// When to UNSUB everything on the retiring link.
+    drain_at: Option<Instant>,
+    drain_sent: bool,
+    migration: Option<Migration>,
+    dedup: Option<Dedup<Message>>,
+    linger_until: Option<Instant>,
+    outage_since: Option<Instant>,
+    dial_at: Option<Instant>,
+    attempts: u32,
+    /// Dial failures before the client ever got an INFO.
+    initial_failures: usize,
     next_epoch: u64,
     backlog: VecDeque<Pending>,
     backlog_bytes: usize,
-    /// The max_payload announced to the client.
-    client_max_payload: usize,
+    /// Publishes written to the primary since the last confirmation PING.
+    unpinged: bool,
     actions: VecDeque<Action>,
     /// The `now` of the event being handled.
     now: Instant,
+    rng: fastrand::Rng,
+    stats: SessionStats,
 }
 
 impl Session {
-    /// A session for a freshly accepted client; the first action dials the upstream.
+    /// A session for a freshly accepted client; the first action dials an upstream.
     pub fn new(cfg: SessionConfig, now: Instant) -> Session {
+        let pool = NodePool::new(&cfg.upstreams);
+        let rng = fastrand::Rng::with_seed(cfg.seed);
         let mut s = Session {
             cfg,
             client_state: ClientState::NoInfo,
@@ -122,24 +252,31 @@ impl Session {
             client_dec: ClientDecoder::new(Limits::default()),
             replies: ReplyQueue::default(),
             subs: SubTable::default(),
-            link: None,
+            pool,
+            primary: None,
+            standby: None,
+            retiring: None,
+            switching: false,
+            drain_at: None,
+            drain_sent: false,
+            migration: None,
+            dedup: None,
+            linger_until: None,
+            outage_since: None,
+            dial_at: None,
+            attempts: 0,
+            initial_failures: 0,
             next_epoch: 0,
             backlog: VecDeque::new(),
             backlog_bytes: 0,
-            client_max_payload: crate::proto::MAX_PAYLOAD,
+            unpinged: false,
             actions: VecDeque::new(),
             now,
+            rng,
+            stats: SessionStats::default(),
         };
-        s.dial(0, now);
+        s.start_dial();
         s
-    }
-
-    fn dial(&mut self, node: usize, now: Instant) {
-        self.next_epoch += 1;
-        let epoch = Epoch(self.next_epoch);
-        let addr = self.cfg.upstreams[node % self.cfg.upstreams.len()].clone();
-        self.link = Some(Link::new(epoch, addr.clone(), now));
-        self.actions.push_back(Action::Dial { epoch, addr });
     }
 
     /// The next action for the driver, in order.
@@ -152,19 +289,28 @@ impl Session {
         if self.client_state == ClientState::Closed {
             return None;
         }
-        let link = self.link.as_ref()?;
-        if !link.accepts_traffic() {
-            return None;
-        }
-        let stale_at = link
-            .oldest_ping()
-            .map(|t| t + self.cfg.ping_interval * self.cfg.max_pings_out);
-        Some(stale_at.map_or(link.keepalive_at, |s| s.min(link.keepalive_at)))
+        let stale_after = self.stale_after();
+        let links = [&self.primary, &self.standby, &self.retiring];
+        let link_times = links.into_iter().flatten().flat_map(|l| {
+            let keep = l.established().then_some(l.keepalive_at);
+            let stale = l.oldest_ping().map(|t| t + stale_after);
+            [keep, stale]
+        });
+        let drain = self
+            .drain_at
+            .filter(|_| self.retiring.is_some() && !self.drain_sent);
+        let outage = self.outage_since.map(|t| t + self.cfg.max_outage);
+        link_times
+            .chain([self.dial_at, drain, self.linger_until, outage])
+            .flatten()
+            .min()
     }
 
-    /// True while the driver may read more from the client (the backlog has room).
+    /// True while the driver may read more from the client.
     pub fn wants_client_input(&self) -> bool {
-        self.client_state != ClientState::Closed && self.backlog_bytes < self.cfg.max_backlog
+        let unconfirmed = self.primary.as_ref().map_or(0, |p| p.unconfirmed_bytes);
+        self.client_state != ClientState::Closed
+            && self.backlog_bytes + unconfirmed < self.cfg.max_backlog
     }
 
     /// True once the session has closed the client; the driver ends after flushing.
@@ -172,9 +318,28 @@ impl Session {
         self.client_state == ClientState::Closed
     }
 
-    /// Number of live client subscriptions.
+    /// The client's live subscriptions.
     pub fn subscriptions(&self) -> &SubTable {
         &self.subs
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> &SessionStats {
+        &self.stats
+    }
+
+    /// The address of the current primary upstream, if any.
+    pub fn upstream_addr(&self) -> Option<&str> {
+        self.primary.as_ref().map(|l| l.addr.as_str())
+    }
+
+    /// True while a migration or failover is in progress.
+    pub fn migrating(&self) -> bool {
+        self.migration.is_some()
+    }
+
+    fn stale_after(&self) -> Duration {
+        self.cfg.ping_interval * self.cfg.max_pings_out
     }
 
     // ---- client side ---------------------------------------------------------------
@@ -185,10 +350,14 @@ impl Session {
         while self.client_state != ClientState::Closed {
             match self.client_dec.decode(buf) {
                 Ok(Some(op)) => self.handle_client_op(op, now),
-                Ok(None) => return,
-                Err(e) => return self.client_protocol_error(e),
+                Ok(None) => break,
+                Err(e) => {
+                    self.client_protocol_error(e);
+                    break;
+                }
             }
         }
+        self.confirm_publishes();
     }
 
     fn client_protocol_error(&mut self, e: ProtoError) {
@@ -209,7 +378,14 @@ impl Session {
             return;
         }
         self.client_state = ClientState::Closed;
-        if let Some(l) = self.link.take() {
+        for l in [
+            self.primary.take(),
+            self.standby.take(),
+            self.retiring.take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
             self.actions.push_back(Action::CloseUpstream(l.epoch));
         }
         self.actions.push_back(Action::CloseClient(reason));
@@ -220,7 +396,7 @@ impl Session {
         self.close_client(CloseReason::ClientGone);
     }
 
-    /// The proxy is shutting down: close the client and upstream.
+    /// The proxy is shutting down: close the client and upstreams.
     pub fn shutdown(&mut self) {
         self.close_client(CloseReason::Shutdown);
     }
@@ -255,10 +431,10 @@ impl Session {
         }
         if !matches!(op, ClientOp::Connect(_)) && self.client_state != ClientState::Connected {
             // nats-server serves a client that skips CONNECT with its default options.
-            self.client_connected(now);
+            self.client_connected();
         }
         match op {
-            ClientOp::Connect(json) => self.on_connect(&json, now),
+            ClientOp::Connect(json) => self.on_connect(&json),
             ClientOp::Pub(m) => self.on_pub(m),
             ClientOp::Sub {
                 raw,
@@ -271,19 +447,16 @@ impl Session {
                     return;
                 }
                 if self.subs.subscribe(sid, subject, queue) {
-                    self.send_upstream(Pending::Data(raw));
+                    self.send_sub_op(raw, false);
                 }
                 self.reply_ok();
             }
             ClientOp::Unsub { raw, sid, max } => {
                 self.subs.unsubscribe(&sid, max);
-                self.send_upstream(Pending::Data(raw));
+                self.send_sub_op(raw, true);
                 self.reply_ok();
             }
-            ClientOp::Ping => {
-                self.replies.push_pong();
-                self.send_upstream(Pending::Ping);
-            }
+            ClientOp::Ping => self.on_client_ping(),
             ClientOp::Pong | ClientOp::Ok => {}
             ClientOp::Err(_) => self.close_client(CloseReason::ClientProtocol),
             ClientOp::Info(json) => {
@@ -294,13 +467,13 @@ impl Session {
         }
     }
 
-    fn on_connect(&mut self, json: &[u8], now: Instant) {
+    fn on_connect(&mut self, json: &[u8]) {
         match self.opts.apply_connect(json) {
             Ok(o) => {
                 self.opts = o;
                 self.client_dec.set_headers(self.opts.headers);
                 if self.client_state != ClientState::Connected {
-                    self.client_connected(now);
+                    self.client_connected();
                 }
                 self.reply_ok();
             }
@@ -316,28 +489,61 @@ impl Session {
             // nats-server complains but still processes the message.
             self.send_client(encode::err("Invalid Publish Subject"));
         }
-        self.send_upstream(Pending::Data(m.raw));
+        if !self.opts.echo {
+            if let Some(d) = &mut self.dedup {
+                let fp = dedup::fingerprint(m.subject(), m.reply(), m.headers(), m.payload());
+                d.own_publish(self.subs.matching(m.subject()), fp);
+            }
+        }
+        self.send_publish(Pending::Data(m.raw));
         self.reply_ok();
     }
 
-    fn client_connected(&mut self, _now: Instant) {
+    fn on_client_ping(&mut self) {
+        let primary_ready = self.primary.as_ref().is_some_and(Link::established);
+        if primary_ready || self.switching || self.client_state_before_upstream() {
+            self.replies.push_pong();
+            self.send_publish(Pending::Ping);
+        } else {
+            // Outage: keep the client alive; nothing upstream can answer.
+            self.replies.push_pong();
+            self.replies.pong_arrived();
+            self.flush_replies();
+        }
+    }
+
+    /// True before the first upstream was ever established (start-up).
+    fn client_state_before_upstream(&self) -> bool {
+        self.outage_since.is_none() && self.primary.is_none()
+    }
+
+    fn client_connected(&mut self) {
         self.client_state = ClientState::Connected;
-        if let Some(l) = &self.link {
-            if l.state == LinkState::AwaitClientConnect {
-                self.send_upstream_connect();
+        for role in [Role::Primary, Role::Standby] {
+            if self
+                .link(role)
+                .is_some_and(|l| l.state == LinkState::AwaitClientConnect)
+            {
+                self.establish(role);
             }
         }
     }
 
-    /// Writes to the current link if it accepts traffic, else queues in the backlog.
-    fn send_upstream(&mut self, p: Pending) {
-        match &mut self.link {
-            Some(l) if l.accepts_traffic() && self.backlog.is_empty() => {
+    /// Writes a publish (or client PING) to the primary, or queues it in the backlog.
+    fn send_publish(&mut self, p: Pending) {
+        let now = self.now;
+        match &mut self.primary {
+            Some(l) if l.established() && !self.switching && self.backlog.is_empty() => {
                 let epoch = l.epoch;
                 match p {
-                    Pending::Data(b) => self.actions.push_back(Action::ToUpstream(epoch, b)),
+                    Pending::Data(b) => {
+                        l.publish_sent(b.clone());
+                        self.unpinged = true;
+                        self.actions.push_back(Action::ToUpstream(epoch, b));
+                    }
                     Pending::Ping => {
-                        l.pings.push_back((PingOwner::Client, self.now));
+                        l.ping_sent(PingOwner::Client, now);
+                        self.unpinged = false;
                         self.actions
                             .push_back(Action::ToUpstream(epoch, Bytes::from_static(encode::PING)));
                     }
@@ -352,54 +558,156 @@ impl Session {
         }
     }
 
-    fn flush_backlog(&mut self, now: Instant) {
-        let Some(l) = &mut self.link else { return };
+    /// SUB/UNSUB go to every link that already replayed, so all hold the same set. A link
+    /// not yet replayed gets the table's state in its replay instead.
+    fn send_sub_op(&mut self, raw: Bytes, is_unsub: bool) {
+        for role in [Role::Primary, Role::Standby, Role::Retiring] {
+            let drain_sent = self.drain_sent;
+            let Some(l) = self.link(role) else { continue };
+            let wanted = match role {
+                Role::Retiring => is_unsub && !drain_sent,
+                _ => l.established(),
+            };
+            if wanted {
+                let epoch = l.epoch;
+                self.actions
+                    .push_back(Action::ToUpstream(epoch, raw.clone()));
+            }
+        }
+    }
+
+    /// After a batch of publishes, one PING confirms them all: its PONG lets the link
+    /// forget them (until then they are kept to be written again if the link dies).
+    fn confirm_publishes(&mut self) {
+        if !self.unpinged {
+            return;
+        }
+        let now = self.now;
+        let needs = |l: &Link| l.pings.back().is_none_or(|p| p.mark < l.seq);
+        if let Some(l) = self.primary.as_mut().filter(|l| needs(l)) {
+            l.ping_sent(PingOwner::Keepalive, now);
+            self.unpinged = false;
+            let epoch = l.epoch;
+            self.actions
+                .push_back(Action::ToUpstream(epoch, Bytes::from_static(encode::PING)));
+        }
+    }
+
+    fn flush_backlog(&mut self) {
+        let now = self.now;
+        let Some(l) = self.primary.as_mut() else {
+            return;
+        };
         let epoch = l.epoch;
         while let Some(p) = self.backlog.pop_front() {
             match p {
                 Pending::Data(b) => {
                     self.backlog_bytes -= b.len();
+                    l.publish_sent(b.clone());
+                    self.unpinged = true;
                     self.actions.push_back(Action::ToUpstream(epoch, b));
                 }
                 Pending::Ping => {
-                    l.pings.push_back((PingOwner::Client, now));
+                    l.ping_sent(PingOwner::Client, now);
                     self.actions
                         .push_back(Action::ToUpstream(epoch, Bytes::from_static(encode::PING)));
                 }
             }
         }
+        self.confirm_publishes();
     }
 
-    // ---- upstream side -------------------------------------------------------------
+    // ---- links -----------------------------------------------------------------------
 
-    fn live(&self, epoch: Epoch) -> bool {
-        self.link.as_ref().is_some_and(|l| l.epoch == epoch)
+    fn link(&self, role: Role) -> Option<&Link> {
+        match role {
+            Role::Primary => self.primary.as_ref(),
+            Role::Standby => self.standby.as_ref(),
+            Role::Retiring => self.retiring.as_ref(),
+        }
+    }
+
+    fn link_mut(&mut self, role: Role) -> Option<&mut Link> {
+        match role {
+            Role::Primary => self.primary.as_mut(),
+            Role::Standby => self.standby.as_mut(),
+            Role::Retiring => self.retiring.as_mut(),
+        }
+    }
+
+    fn role_of(&self, epoch: Epoch) -> Option<Role> {
+        [Role::Primary, Role::Standby, Role::Retiring]
+            .into_iter()
+            .find(|&r| self.link(r).is_some_and(|l| l.epoch == epoch))
+    }
+
+    fn take_link(&mut self, role: Role) -> Option<Link> {
+        match role {
+            Role::Primary => self.primary.take(),
+            Role::Standby => self.standby.take(),
+            Role::Retiring => self.retiring.take(),
+        }
+    }
+
+    /// Dials the next node as the standby link.
+    fn start_dial(&mut self) {
+        self.dial_at = None;
+        let exclude = self
+            .migration
+            .as_ref()
+            .map(|m| m.from.clone())
+            .or_else(|| self.primary.as_ref().map(|l| l.addr.clone()));
+        let Some(addr) = self.pool.pick(exclude.as_deref(), self.now) else {
+            return;
+        };
+        self.next_epoch += 1;
+        let epoch = Epoch(self.next_epoch);
+        debug!(%epoch, upstream = %addr, "dialing");
+        self.standby = Some(Link::new(epoch, addr.clone(), self.now));
+        self.actions.push_back(Action::Dial { epoch, addr });
+    }
+
+    /// Schedules the next dial with exponential backoff and jitter.
+    fn schedule_dial(&mut self) {
+        self.attempts += 1;
+        let exp = self.attempts.saturating_sub(1).min(16);
+        let base = self
+            .cfg
+            .backoff_min
+            .saturating_mul(1 << exp)
+            .min(self.cfg.backoff_max);
+        let jitter = base.mul_f64(self.rng.f64() * 0.2);
+        self.dial_at = Some(self.now + base - base.mul_f64(0.1) + jitter);
     }
 
     /// The TCP connection of `epoch` is established.
     pub fn handle_upstream_connected(&mut self, epoch: Epoch, now: Instant) {
         self.now = now;
-        if let Some(l) = self.link.as_mut().filter(|l| l.epoch == epoch) {
-            l.state = LinkState::AwaitInfo;
-            l.keepalive_at = now + self.cfg.ping_interval;
+        let interval = self.cfg.ping_interval;
+        if let Some(role) = self.role_of(epoch) {
+            if let Some(l) = self.link_mut(role) {
+                l.state = LinkState::AwaitInfo;
+                l.keepalive_at = now + interval;
+            }
         }
     }
 
     /// Bytes read from the upstream of `epoch`.
     pub fn handle_upstream_bytes(&mut self, epoch: Epoch, buf: &mut BytesMut, now: Instant) {
         self.now = now;
-        if !self.live(epoch) {
-            buf.clear();
-            return;
-        }
-        while let Some(l) = self.link.as_mut().filter(|l| l.epoch == epoch) {
+        loop {
+            let Some(role) = self.role_of(epoch) else {
+                buf.clear();
+                return;
+            };
+            let Some(l) = self.link_mut(role) else { return };
             match l.decoder.decode(buf) {
-                Ok(Some(op)) => self.handle_upstream_op(epoch, op, now),
+                Ok(Some(op)) => self.on_upstream_op(epoch, role, op),
                 Ok(None) => return,
                 Err(e) => {
                     warn!(%epoch, error = %e, "protocol violation from upstream");
                     buf.clear();
-                    return self.handle_upstream_lost(epoch, now);
+                    return self.link_lost(epoch, Reason::Protocol);
                 }
             }
         }
@@ -408,109 +716,310 @@ impl Session {
     /// Handles one decoded upstream op.
     pub fn handle_upstream_op(&mut self, epoch: Epoch, op: ServerOp, now: Instant) {
         self.now = now;
-        if !self.live(epoch) {
-            return;
+        if let Some(role) = self.role_of(epoch) {
+            self.on_upstream_op(epoch, role, op);
         }
+    }
+
+    fn on_upstream_op(&mut self, epoch: Epoch, role: Role, op: ServerOp) {
         match op {
-            ServerOp::Msg(m) => self.deliver(m),
+            ServerOp::Msg(m) => self.on_upstream_msg(epoch, m),
             ServerOp::Ping => self
                 .actions
                 .push_back(Action::ToUpstream(epoch, Bytes::from_static(encode::PONG))),
-            ServerOp::Pong => self.on_pong(now),
+            ServerOp::Pong => self.on_pong(role),
             ServerOp::Ok => {}
             ServerOp::Err(text) => {
-                warn!(%epoch, err = %String::from_utf8_lossy(&text), "upstream -ERR");
-                let line = [b"-ERR ", &text[..], b"\r\n"].concat();
-                self.send_client(line.into());
-            }
-            ServerOp::Info(json) => self.on_info(&json, now),
-        }
-    }
-
-    fn on_info(&mut self, json: &[u8], now: Instant) {
-        let Some(info) = ServerInfo::parse(json) else {
-            warn!("unparsable INFO from upstream");
-            if let Some(e) = self.link.as_ref().map(|l| l.epoch) {
-                self.handle_upstream_lost(e, now);
-            }
-            return;
-        };
-        let Some(l) = self.link.as_mut() else { return };
-        if l.state == LinkState::AwaitInfo {
-            info!(upstream = %l.addr, server = %info.server_name, "upstream connected");
-            l.state = LinkState::AwaitClientConnect;
-            let mp = info.max_payload.unwrap_or(crate::proto::MAX_PAYLOAD);
-            l.info = Some(info);
-            if self.client_state == ClientState::NoInfo {
-                self.client_max_payload = mp;
-                self.client_dec.set_limits(Limits {
-                    max_payload: mp,
-                    ..Limits::default()
-                });
-                let info = self.link.as_ref().and_then(|l| l.info.as_ref());
-                // Clients send credentials only when asked; ask when they pass through.
-                let auth = info.is_some_and(|i| i.auth_required) && self.cfg.credentials.is_none();
-                let json = info
-                    .map(|i| i.client_info_json(mp, auth))
-                    .unwrap_or_default();
-                self.send_client(encode::info(&json));
-                self.client_state = ClientState::AwaitConnect;
-            }
-            if self.client_state == ClientState::Connected {
-                self.send_upstream_connect();
-            }
-        } else {
-            if info.ldm {
-                info!(upstream = %l.addr, server = %info.server_name, "upstream entered lame duck mode");
-            }
-            let old = l.info.replace(info);
-            if let (Some(old), Some(new)) = (old, l.info.as_mut()) {
-                // Async INFOs are partial views; keep identity fields from the first.
-                if new.server_name.is_empty() {
-                    new.server_name = old.server_name;
+                let addr = self.link(role).map(|l| l.addr.clone()).unwrap_or_default();
+                warn!(%epoch, upstream = %addr, err = %String::from_utf8_lossy(&text), "upstream -ERR");
+                // Only the primary's errors concern the client; a dying link's
+                // 'Stale Connection' is the proxy's business.
+                let connection_level = text.windows(5).any(|w| w == b"Stale");
+                if role == Role::Primary && !connection_level {
+                    let line = [b"-ERR ", &text[..], b"\r\n"].concat();
+                    self.send_client(line.into());
                 }
             }
+            ServerOp::Info(json) => self.on_info(epoch, role, &json),
         }
     }
 
-    fn send_upstream_connect(&mut self) {
+    fn on_info(&mut self, epoch: Epoch, role: Role, json: &[u8]) {
+        let Some(info) = ServerInfo::parse(json) else {
+            warn!(%epoch, "unparsable INFO from upstream");
+            return self.link_lost(epoch, Reason::Protocol);
+        };
+        self.pool.learn(&info.connect_urls);
+        let now = self.now;
+        let Some(l) = self.link_mut(role) else { return };
+        if l.state == LinkState::AwaitInfo {
+            l.state = LinkState::AwaitClientConnect;
+            let addr = l.addr.clone();
+            l.info = Some(info);
+            self.pool.mark_ok(&addr, now);
+            if self.client_state == ClientState::NoInfo {
+                self.send_client_info(role);
+            }
+            if self.client_state == ClientState::Connected {
+                self.establish(role);
+            }
+            return;
+        }
+        let newly_ldm = info.ldm && !l.ldm;
+        if newly_ldm {
+            l.ldm = true;
+        }
+        let old = l.info.replace(info);
+        if let (Some(old), Some(new)) = (old, l.info.as_mut()) {
+            // Async INFOs keep the identity of the first.
+            if new.server_name.is_empty() {
+                new.server_name = old.server_name;
+            }
+        }
+        if newly_ldm {
+            self.on_ldm(role);
+        }
+    }
+
+    fn send_client_info(&mut self, role: Role) {
+        let Some(info) = self.link(role).and_then(|l| l.info.as_ref()) else {
+            return;
+        };
+        let mp = info.max_payload.unwrap_or(crate::proto::MAX_PAYLOAD);
+        // Clients send credentials only when asked; ask when theirs pass through.
+        let auth = info.auth_required && self.cfg.credentials.is_none();
+        let json = info.client_info_json(mp, auth);
+        self.client_dec.set_limits(Limits {
+            max_payload: mp,
+            ..Limits::default()
+        });
+        self.send_client(encode::info(&json));
+        self.client_state = ClientState::AwaitConnect;
+    }
+
+    /// CONNECT, PING, the subscription replay and a PING on a link that has its INFO.
+    fn establish(&mut self, role: Role) {
         let json = self
             .opts
             .upstream_connect_json(self.cfg.credentials.as_ref());
-        let Some(l) = self.link.as_mut() else { return };
-        let epoch = l.epoch;
-        l.state = LinkState::Handshake;
+        let replay = self.subs.replay();
+        let n_subs = self.subs.len() as u64;
         let now = self.now;
-        l.pings.push_back((PingOwner::Handshake, now));
+        let interval = self.cfg.ping_interval;
+        let Some(l) = self.link_mut(role) else { return };
+        let epoch = l.epoch;
+        l.state = LinkState::Established;
+        l.keepalive_at = now + interval;
+        let mut out =
+            BytesMut::with_capacity(json.len() + 64 + replay.iter().map(Bytes::len).sum::<usize>());
+        out.extend_from_slice(&encode::connect(&json));
+        out.extend_from_slice(encode::PING);
+        l.ping_sent(PingOwner::Handshake, now);
+        for b in &replay {
+            out.extend_from_slice(b);
+        }
+        out.extend_from_slice(encode::PING);
+        l.ping_sent(PingOwner::Replay, now);
         self.actions
-            .push_back(Action::ToUpstream(epoch, encode::connect(&json)));
-        self.actions
-            .push_back(Action::ToUpstream(epoch, Bytes::from_static(encode::PING)));
-        self.flush_backlog(now);
-    }
-
-    fn on_pong(&mut self, now: Instant) {
-        let Some(l) = self.link.as_mut() else { return };
-        match l.pings.pop_front().map(|p| p.0) {
-            Some(PingOwner::Client) => {
-                self.replies.pong_arrived();
-                self.flush_replies();
+            .push_back(Action::ToUpstream(epoch, out.freeze()));
+        self.stats.subs_replayed += n_subs;
+        if role == Role::Standby {
+            match &self.primary {
+                Some(p) => {
+                    // Make-before-break: both links deliver from now on.
+                    let old = p.epoch;
+                    self.dedup = Some(Dedup::new(
+                        old,
+                        epoch,
+                        self.cfg.max_dedup_entries,
+                        self.cfg.max_hold_bytes,
+                    ));
+                    self.linger_until = None;
+                }
+                None => self.promote_standby(),
             }
-            Some(PingOwner::Handshake) => {
-                l.state = LinkState::Ready;
-                l.keepalive_at = now + self.cfg.ping_interval;
-                debug!(upstream = %l.addr, "upstream handshake complete");
-            }
-            Some(PingOwner::Keepalive) | None => {}
         }
     }
 
-    /// A message from the current upstream: count it and relay it.
+    /// The standby becomes the primary at once (start-up or failover: there is none).
+    fn promote_standby(&mut self) {
+        self.primary = self.standby.take();
+        self.attempts = 0;
+        self.flush_backlog();
+        if let (Some(m), Some(p)) = (&self.migration, &self.primary) {
+            let took = self.now.saturating_duration_since(m.started);
+            info!(reason = %m.reason, from = %m.from, to = %p.addr, resumed_ms = took.as_millis() as u64,
+                subscriptions = self.subs.len(), "failover: traffic resumed on a new upstream");
+        } else if let Some(p) = &self.primary {
+            info!(upstream = %p.addr, server = %p.server_name(), "upstream connected");
+        }
+        self.migration = None;
+        self.outage_since = None;
+    }
+
+    fn on_ldm(&mut self, role: Role) {
+        let now = self.now;
+        let Some(l) = self.link(role) else { return };
+        let addr = l.addr.clone();
+        info!(upstream = %addr, server = %l.server_name(), "upstream entered lame duck mode");
+        self.pool.mark_ldm(&addr, now);
+        match role {
+            Role::Primary if self.migration.is_none() => {
+                self.migration = Some(Migration {
+                    reason: Reason::LameDuck,
+                    started: now,
+                    from: addr,
+                });
+                self.start_dial();
+            }
+            // Already moving; a new migration starts when this one completes.
+            Role::Primary => {}
+            Role::Standby => {
+                // Never move onto a node that is leaving.
+                if let Some(s) = self.standby.take() {
+                    self.actions.push_back(Action::CloseUpstream(s.epoch));
+                }
+                self.dedup = None;
+                self.start_dial();
+            }
+            Role::Retiring => {}
+        }
+    }
+
+    fn on_pong(&mut self, role: Role) {
+        let now = self.now;
+        let Some(l) = self.link_mut(role) else { return };
+        let Some(entry) = l.pong() else { return };
+        match entry.owner {
+            PingOwner::Client => {
+                self.replies.pong_arrived();
+                self.flush_replies();
+            }
+            PingOwner::Handshake => l.accepted = true,
+            PingOwner::Replay => {
+                if role == Role::Standby && self.primary.is_some() {
+                    self.begin_switch();
+                }
+            }
+            PingOwner::Switch => self.complete_switch(),
+            PingOwner::Drain => self.drained(),
+            PingOwner::Keepalive => {}
+        }
+        let _ = now;
+    }
+
+    /// The new link's subscriptions are registered: barrier on the old link.
+    fn begin_switch(&mut self) {
+        let now = self.now;
+        self.drain_at = Some(now + self.cfg.settle);
+        let Some(p) = self.primary.as_mut() else {
+            return;
+        };
+        p.ping_sent(PingOwner::Switch, now);
+        self.switching = true;
+        self.unpinged = false;
+        let epoch = p.epoch;
+        self.actions
+            .push_back(Action::ToUpstream(epoch, Bytes::from_static(encode::PING)));
+    }
+
+    /// Everything written on the old link has been processed: move client traffic.
+    fn complete_switch(&mut self) {
+        self.switching = false;
+        self.retiring = self.primary.take();
+        self.primary = self.standby.take();
+        self.flush_backlog();
+        self.stats.migrations += 1;
+        if let (Some(m), Some(p)) = (&self.migration, &self.primary) {
+            let took = self.now.saturating_duration_since(m.started);
+            self.stats.last_switch = Some(took);
+            info!(reason = %m.reason, from = %m.from, to = %p.addr, switch_ms = took.as_millis() as u64,
+                subscriptions = self.subs.len(), "migrated to a new upstream");
+        }
+        self.maybe_drain();
+    }
+
+    /// After the settle delay, remove every subscription from the retiring link.
+    fn maybe_drain(&mut self) {
+        if self.drain_sent || self.drain_at.is_none_or(|t| t > self.now) {
+            return;
+        }
+        let now = self.now;
+        let sids: Vec<Bytes> = self.subs.sids().cloned().collect();
+        let Some(r) = self.retiring.as_mut() else {
+            return;
+        };
+        let mut out = BytesMut::new();
+        for sid in &sids {
+            out.extend_from_slice(&encode::unsub(sid, None));
+        }
+        out.extend_from_slice(encode::PING);
+        r.ping_sent(PingOwner::Drain, now);
+        self.drain_sent = true;
+        let epoch = r.epoch;
+        self.actions
+            .push_back(Action::ToUpstream(epoch, out.freeze()));
+    }
+
+    /// The retiring link delivers nothing more: close it and finish the migration.
+    fn drained(&mut self) {
+        if let Some(r) = self.retiring.take() {
+            self.actions.push_back(Action::CloseUpstream(r.epoch));
+        }
+        self.old_link_done();
+        if let Some(m) = self.migration.take() {
+            let took = self.now.saturating_duration_since(m.started);
+            info!(reason = %m.reason, from = %m.from, total_ms = took.as_millis() as u64, "migration complete; old upstream retired");
+        }
+        self.drain_at = None;
+        self.drain_sent = false;
+        // The new node may itself have announced lame duck mode meanwhile.
+        if self.primary.as_ref().is_some_and(|p| p.ldm) {
+            self.on_ldm(Role::Primary);
+        }
+    }
+
+    /// The old side of an overlap can deliver nothing more: release what the new side
+    /// held back.
+    fn old_link_done(&mut self) {
+        if let Some(d) = &mut self.dedup {
+            d.old_finished();
+            self.linger_until = Some(self.now + self.cfg.settle);
+        }
+        self.forward_ready();
+    }
+
+    fn forward_ready(&mut self) {
+        while let Some(m) = self.dedup.as_mut().and_then(Dedup::pop_ready) {
+            self.deliver(m);
+        }
+    }
+
+    fn take_dedup_stats(&mut self) {
+        if let Some(d) = self.dedup.take() {
+            self.stats.duplicates_suppressed += d.suppressed;
+            self.stats.possible_duplicates += d.overflowed;
+            self.stats.echoes_suppressed += d.echoes;
+        }
+    }
+
+    /// A message from an upstream link.
+    fn on_upstream_msg(&mut self, epoch: Epoch, m: Message) {
+        if let Some(d) = self.dedup.as_mut().filter(|d| d.covers(epoch)) {
+            let fp = dedup::fingerprint(m.subject(), m.reply(), m.headers(), m.payload());
+            let sid = m.raw.slice(m.sid.range());
+            d.on_message(epoch, &sid, fp, m.raw.len(), m);
+            return self.forward_ready();
+        }
+        self.deliver(m);
+    }
+
+    /// Counts a message and relays it to the client.
     fn deliver(&mut self, m: Message) {
         if m.has_headers()
+            && !self.opts.no_responders
             && m.status() == Some(503)
             && m.payload().is_empty()
-            && !self.opts.no_responders
         {
             // The server sends no-responders statuses only to clients that asked for them.
             return;
@@ -525,39 +1034,145 @@ impl Session {
         }
     }
 
-    /// The upstream of `epoch` closed, failed, or sent garbage.
-    pub fn handle_upstream_lost(&mut self, epoch: Epoch, _now: Instant) {
-        self.now = _now;
-        if !self.live(epoch) {
-            return;
-        }
-        if let Some(l) = &self.link {
-            warn!(upstream = %l.addr, server = %l.server_name(), "upstream connection lost");
-        }
-        self.link = None;
-        self.close_client(CloseReason::UpstreamLost);
+    /// The upstream connection of `epoch` closed or failed to connect.
+    pub fn handle_upstream_lost(&mut self, epoch: Epoch, now: Instant) {
+        self.now = now;
+        self.link_lost(epoch, Reason::Closed);
     }
 
-    /// Timers: keepalive PINGs and stale detection.
+    fn link_lost(&mut self, epoch: Epoch, reason: Reason) {
+        let Some(role) = self.role_of(epoch) else {
+            return;
+        };
+        let Some(l) = self.take_link(role) else {
+            return;
+        };
+        self.actions.push_back(Action::CloseUpstream(epoch));
+        let now = self.now;
+        match role {
+            Role::Standby => {
+                self.pool.mark_failed(&l.addr, now);
+                if self.client_state == ClientState::NoInfo {
+                    // Start-up: try each node once, then give up (the client retries).
+                    self.initial_failures += 1;
+                    if self.initial_failures >= self.pool.len() {
+                        warn!(upstream = %l.addr, "no upstream reachable; closing client");
+                        return self.close_client(CloseReason::UpstreamLost);
+                    }
+                    return self.start_dial();
+                }
+                debug!(upstream = %l.addr, %reason, "standby upstream failed");
+                self.dedup = None;
+                self.schedule_dial();
+            }
+            Role::Retiring => {
+                // Lame duck closed it (or it died) before or during the drain.
+                self.old_link_done();
+                if self.switching {
+                    self.switching = false;
+                }
+                if let Some(m) = self.migration.take() {
+                    let took = now.saturating_duration_since(m.started);
+                    info!(reason = %m.reason, from = %m.from, total_ms = took.as_millis() as u64, "migration complete; old upstream closed");
+                }
+                self.drain_at = None;
+                self.drain_sent = false;
+                if self.primary.as_ref().is_some_and(|p| p.ldm) {
+                    self.on_ldm(Role::Primary);
+                }
+            }
+            Role::Primary => self.failover(l, reason),
+        }
+    }
+
+    /// The primary is gone without a completed switch.
+    fn failover(&mut self, dead: Link, reason: Reason) {
+        let now = self.now;
+        self.stats.failovers += 1;
+        self.pool.mark_failed(&dead.addr, now);
+        warn!(upstream = %dead.addr, server = %dead.server_name(), %reason, "upstream lost; failing over");
+        // PONGs the dead link owed the client: answer them, the client must not stall.
+        for p in &dead.pings {
+            if p.owner == PingOwner::Client {
+                self.replies.pong_arrived();
+            }
+        }
+        self.flush_replies();
+        // Publishes the dead link never confirmed go out again first (acks are idempotent).
+        self.stats.publishes_resent += dead.unconfirmed.len() as u64;
+        for (_, b) in dead.unconfirmed.into_iter().rev() {
+            self.backlog_bytes += b.len();
+            self.backlog.push_front(Pending::Data(b));
+        }
+        self.switching = false;
+        if let Some(d) = &self.dedup {
+            if d.covers(dead.epoch) {
+                self.old_link_done();
+            }
+        }
+        if let Some(r) = self.retiring.take() {
+            self.actions.push_back(Action::CloseUpstream(r.epoch));
+            self.drain_at = None;
+            self.drain_sent = false;
+        }
+        if self.migration.is_none() {
+            self.migration = Some(Migration {
+                reason,
+                started: now,
+                from: dead.addr.clone(),
+            });
+        }
+        self.outage_since = Some(now);
+        match &self.standby {
+            Some(s) if s.established() => self.promote_standby(),
+            Some(_) => {}
+            None => self.start_dial(),
+        }
+    }
+
+    /// Timers: keepalives, stale links, dial backoff, drain, de-dup linger, outage.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.now = now;
-        let stale_after = self.cfg.ping_interval * self.cfg.max_pings_out;
-        let Some(l) = self.link.as_mut() else { return };
-        if !l.accepts_traffic() {
+        if self.client_state == ClientState::Closed {
             return;
         }
-        if l.oldest_ping().is_some_and(|t| now >= t + stale_after) {
-            let epoch = l.epoch;
-            warn!(upstream = %l.addr, "upstream stale: PING unanswered");
-            self.actions.push_back(Action::CloseUpstream(epoch));
-            return self.handle_upstream_lost(epoch, now);
+        let stale_after = self.stale_after();
+        let interval = self.cfg.ping_interval;
+        for role in [Role::Primary, Role::Standby, Role::Retiring] {
+            let Some(l) = self.link_mut(role) else {
+                continue;
+            };
+            if l.oldest_ping().is_some_and(|t| now >= t + stale_after) {
+                let epoch = l.epoch;
+                warn!(upstream = %l.addr, "upstream stale: PING unanswered");
+                self.link_lost(epoch, Reason::Stale);
+                continue;
+            }
+            if l.established() && now >= l.keepalive_at {
+                l.keepalive_at = now + interval;
+                if l.pings.is_empty() {
+                    l.ping_sent(PingOwner::Keepalive, now);
+                    let epoch = l.epoch;
+                    self.actions
+                        .push_back(Action::ToUpstream(epoch, Bytes::from_static(encode::PING)));
+                }
+            }
         }
-        if now >= l.keepalive_at {
-            l.pings.push_back((PingOwner::Keepalive, now));
-            l.keepalive_at = now + self.cfg.ping_interval;
-            let epoch = l.epoch;
-            self.actions
-                .push_back(Action::ToUpstream(epoch, Bytes::from_static(encode::PING)));
+        if self.dial_at.is_some_and(|t| now >= t) && self.standby.is_none() {
+            self.start_dial();
+        }
+        self.maybe_drain();
+        if self.linger_until.is_some_and(|t| now >= t) {
+            self.linger_until = None;
+            self.take_dedup_stats();
+        }
+        if let Some(since) = self.outage_since {
+            if now >= since + self.cfg.max_outage {
+                let secs = self.cfg.max_outage.as_secs();
+                warn!(secs, "no upstream reachable; closing client");
+                let text = format!("natsproxy: no NATS server reachable for {secs}s");
+                self.close_with_err(&text, CloseReason::UpstreamLost);
+            }
         }
     }
 }

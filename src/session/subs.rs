@@ -82,6 +82,19 @@ impl SubTable {
         self.subs.is_empty()
     }
 
+    /// The sids whose subject matches the literal `subject` (for echo suppression).
+    pub fn matching<'a>(&'a self, subject: &'a [u8]) -> impl Iterator<Item = Bytes> + 'a {
+        self.subs
+            .iter()
+            .filter(move |(_, s)| crate::proto::subject::matches(&s.subject, subject))
+            .map(|(sid, _)| sid.clone())
+    }
+
+    /// The sids of all live subscriptions.
+    pub fn sids(&self) -> impl Iterator<Item = &Bytes> {
+        self.subs.keys()
+    }
+
     /// The live subscriptions in creation order, as (sid, sub).
     pub fn iter_ordered(&self) -> Vec<(&Bytes, &Sub)> {
         let mut v: Vec<_> = self.subs.iter().collect();

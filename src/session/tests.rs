@@ -44,8 +44,8 @@ impl H {
         assert!(matches!(&a[..], [Action::ToClient(_)]));
         let a =
             h.client(b"CONNECT {\"verbose\":false,\"headers\":true,\"no_responders\":true}\r\n");
-        assert_eq!(a.len(), 2, "{a:?}");
-        h.upstream(1, b"PONG\r\n");
+        assert_eq!(a.len(), 1, "{a:?}");
+        h.upstream(1, b"PONG\r\nPONG\r\n");
         h
     }
 }
@@ -103,9 +103,13 @@ fn handshake_sends_our_info_and_an_explicit_connect() {
     ] {
         assert!(up.contains(f), "{f} missing in {up}");
     }
-    assert!(up.ends_with("PING\r\nSUB foo 1\r\nPING\r\n"), "{up}");
-    // First PONG completes the handshake; the second is the client's.
-    assert_eq!(to_client(&h.upstream(1, b"PONG\r\n")), b"");
+    // CONNECT, PING, the (empty) replay, PING, then the SUB and the client's PING.
+    assert!(
+        up.ends_with("PING\r\nPING\r\nSUB foo 1\r\nPING\r\n"),
+        "{up}"
+    );
+    // Handshake and replay PONGs stay with the proxy; the third is the client's.
+    assert_eq!(to_client(&h.upstream(1, b"PONG\r\nPONG\r\n")), b"");
     assert_eq!(to_client(&h.upstream(1, b"PONG\r\n")), b"PONG\r\n");
 }
 
@@ -119,7 +123,7 @@ fn client_pong_waits_for_upstream_and_ok_waits_behind_it() {
         b"",
         "+OK must wait behind the unanswered PING"
     );
-    assert_eq!(to_upstream(&a), b"PING\r\nPUB a 1\r\nx\r\n");
+    assert_eq!(to_upstream(&a), b"PING\r\nPUB a 1\r\nx\r\nPING\r\n");
     assert_eq!(to_client(&h.upstream(1, b"PONG\r\n")), b"PONG\r\n+OK\r\n");
 }
 
@@ -149,17 +153,6 @@ fn a_retired_epoch_is_never_forwarded() {
 }
 
 #[test]
-fn upstream_loss_closes_the_client() {
-    let mut h = H::connected();
-    h.s.handle_upstream_lost(Epoch(1), h.now);
-    let a = h.actions();
-    assert!(
-        a.contains(&Action::CloseClient(CloseReason::UpstreamLost)),
-        "{a:?}"
-    );
-}
-
-#[test]
 fn keepalive_pings_and_stale_detection() {
     let mut h = H::connected();
     let t0 = h.now;
@@ -180,7 +173,17 @@ fn keepalive_pings_and_stale_detection() {
     h.s.handle_timeout(stale);
     let a = h.actions();
     assert!(a.contains(&Action::CloseUpstream(Epoch(1))), "{a:?}");
-    assert!(h.s.is_closed());
+    assert!(
+        a.iter().any(|a| matches!(
+            a,
+            Action::Dial {
+                epoch: Epoch(2),
+                ..
+            }
+        )),
+        "fails over: {a:?}"
+    );
+    assert!(!h.s.is_closed());
 }
 
 #[test]
@@ -213,7 +216,7 @@ fn no_responders_status_only_for_clients_that_asked() {
     h.s.handle_upstream_connected(Epoch(1), h.now);
     h.upstream(1, b"INFO {\"server_id\":\"S\"} \r\n");
     h.client(b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB _INBOX.x 7\r\n");
-    h.upstream(1, b"PONG\r\n");
+    h.upstream(1, b"PONG\r\nPONG\r\n");
     let status = b"HMSG _INBOX.x 7 38 38\r\nNATS/1.0 503\r\nNats-Subject: nobody\r\n\r\n\r\n";
     assert_eq!(to_client(&h.upstream(1, status)), b"");
     let mut h = H::connected();
@@ -225,9 +228,229 @@ fn no_responders_status_only_for_clients_that_asked() {
 fn garbage_from_upstream_is_a_lost_link_not_a_panic() {
     let mut h = H::connected();
     let a = h.upstream(1, b"BOGUS\r\n");
+    assert!(a.contains(&Action::CloseUpstream(Epoch(1))), "{a:?}");
     assert!(
-        a.contains(&Action::CloseClient(CloseReason::UpstreamLost)),
+        a.iter().any(|a| matches!(a, Action::Dial { .. })),
+        "fails over: {a:?}"
+    );
+    assert!(!h.s.is_closed());
+}
+
+fn dial_of(a: &[Action]) -> Option<(Epoch, String)> {
+    a.iter().find_map(|a| match a {
+        Action::Dial { epoch, addr } => Some((*epoch, addr.clone())),
+        _ => None,
+    })
+}
+
+const INFO_B: &[u8] =
+    b"INFO {\"server_id\":\"B\",\"server_name\":\"n2\",\"max_payload\":2048} \r\n";
+
+#[test]
+fn lame_duck_make_before_break() {
+    let mut h = H::connected();
+    h.client(b"SUB foo 1\r\nSUB work q 2\r\nUNSUB 1 5\r\n");
+    h.upstream(1, b"MSG foo 1 2\r\nm0\r\n");
+    // Lame duck: dial another node (from connect_urls, never the leaving one).
+    let a = h.upstream(1, b"INFO {\"server_id\":\"S\",\"connect_urls\":[\"x:1\",\"127.0.0.1:4222\"],\"ldm\":true} \r\n");
+    assert_eq!(to_client(&a), b"", "the client never sees ldm");
+    let (e2, addr) = dial_of(&a).expect("dial");
+    assert_eq!((e2, addr.as_str()), (Epoch(2), "x:1"));
+    h.s.handle_upstream_connected(e2, h.now);
+    let a = h.upstream(2, INFO_B);
+    assert_eq!(to_client(&a), b"", "no second INFO for the client");
+    let up = String::from_utf8(to_upstream(&a)).unwrap();
+    // Replay: same sids, subjects, queue; max reduced by the one delivery.
+    assert!(
+        up.ends_with("PING\r\nSUB foo 1\r\nUNSUB 1 4\r\nSUB work q 2\r\nPING\r\n"),
+        "{up}"
+    );
+    // Both links deliver: A's forwarded at once, B's held back.
+    assert_eq!(to_client(&h.upstream(2, b"MSG foo 1 2\r\nm1\r\n")), b"");
+    assert_eq!(
+        to_client(&h.upstream(1, b"MSG foo 1 2\r\nm1\r\n")),
+        b"MSG foo 1 2\r\nm1\r\n"
+    );
+    // B's SUBs registered: switch barrier on A; client publishes wait.
+    let a = h.upstream(2, b"PONG\r\nPONG\r\n");
+    assert_eq!(
+        a,
+        vec![Action::ToUpstream(
+            Epoch(1),
+            Bytes::from_static(b"PING\r\n")
+        )]
+    );
+    let a = h.client(b"PUB out 1\r\np\r\n");
+    assert_eq!(to_upstream(&a), b"", "waits for the barrier");
+    // A's PONG: everything before it was processed; client traffic moves to B.
+    let a = h.upstream(1, b"PONG\r\n");
+    assert!(
+        a.iter()
+            .all(|a| matches!(a, Action::ToUpstream(Epoch(2), _))),
         "{a:?}"
     );
-    let _ = Bytes::new();
+    assert_eq!(to_upstream(&a), b"PUB out 1\r\np\r\nPING\r\n");
+    assert_eq!(h.s.upstream_addr(), Some("x:1"));
+    // A still delivers until drained; B still held.
+    assert_eq!(
+        to_client(&h.upstream(1, b"MSG foo 1 2\r\nm2\r\n")),
+        b"MSG foo 1 2\r\nm2\r\n"
+    );
+    h.upstream(2, b"MSG foo 1 2\r\nm2\r\nMSG foo 1 2\r\nm3\r\n");
+    // Settle: UNSUB everything on A and a barrier.
+    h.now = h.s.poll_timeout().unwrap();
+    h.s.handle_timeout(h.now);
+    let a = h.actions();
+    let up = String::from_utf8(to_upstream(&a)).unwrap();
+    assert!(
+        up.contains("UNSUB 1\r\n") && up.contains("UNSUB 2\r\n") && up.ends_with("PING\r\n"),
+        "{up}"
+    );
+    assert!(
+        a.iter()
+            .all(|a| matches!(a, Action::ToUpstream(Epoch(1), _))),
+        "{a:?}"
+    );
+    // A's drain PONG: A retired; B's held messages released minus what A delivered.
+    let a = h.upstream(1, b"PONG\r\n");
+    assert!(a.contains(&Action::CloseUpstream(Epoch(1))), "{a:?}");
+    assert_eq!(to_client(&a), b"MSG foo 1 2\r\nm3\r\n");
+    // Anything A still sends is ignored; B flows directly.
+    assert_eq!(h.upstream(1, b"MSG foo 1 2\r\nm9\r\n"), vec![]);
+    assert_eq!(
+        to_client(&h.upstream(2, b"MSG foo 1 2\r\nm4\r\n")),
+        b"MSG foo 1 2\r\nm4\r\n"
+    );
+    assert_eq!(h.s.stats().migrations, 1);
+    assert!(!h.s.migrating());
+    // m0..m4: five deliveries reach UNSUB 1 5's max.
+    assert!(h.s.subscriptions().get(b"1".as_slice()).is_none());
+}
+
+#[test]
+fn hard_failover_buffers_answers_pings_and_resends_unconfirmed() {
+    let mut h = H::connected();
+    h.client(b"SUB foo 1\r\n");
+    let a = h.client(b"PUB acks 1\r\na\r\n");
+    assert_eq!(to_upstream(&a), b"PUB acks 1\r\na\r\nPING\r\n");
+    // The link dies before the PONG: the publish is unconfirmed.
+    h.s.handle_upstream_lost(Epoch(1), h.now);
+    let a = h.actions();
+    let (e2, _) = dial_of(&a).expect("redial");
+    // Meanwhile the client's PINGs are answered and its publishes buffered.
+    let a = h.client(b"PING\r\nPUB acks 1\r\nb\r\n");
+    assert_eq!(to_client(&a), b"PONG\r\n");
+    assert_eq!(to_upstream(&a), b"");
+    h.s.handle_upstream_connected(e2, h.now);
+    let a = h.upstream(e2.0, INFO_B);
+    let up = String::from_utf8(to_upstream(&a)).unwrap();
+    assert!(
+        up.ends_with("PING\r\nSUB foo 1\r\nPING\r\nPUB acks 1\r\na\r\nPUB acks 1\r\nb\r\nPING\r\n"),
+        "replay, then the unconfirmed publish, then the buffered one: {up}"
+    );
+    assert_eq!(h.s.stats().failovers, 1);
+    assert_eq!(h.s.stats().publishes_resent, 1);
+    assert!(!h.s.is_closed());
+}
+
+#[test]
+fn dial_failures_back_off_and_outage_ends_with_err() {
+    let mut h = H::connected();
+    let t0 = h.now;
+    h.s.handle_upstream_lost(Epoch(1), h.now);
+    let mut a = h.actions();
+    let mut dials = 0;
+    let mut last_gap = Duration::ZERO;
+    let mut last_dial = t0;
+    while let Some((e, _)) = dial_of(&a) {
+        dials += 1;
+        h.s.handle_upstream_lost(e, h.now);
+        h.actions();
+        let Some(next) = h.s.poll_timeout() else {
+            break;
+        };
+        h.now = next;
+        h.s.handle_timeout(next);
+        a = h.actions();
+        if dial_of(&a).is_some() {
+            last_gap = next - last_dial;
+            last_dial = next;
+        }
+        if h.s.is_closed() {
+            break;
+        }
+    }
+    assert!(h.s.is_closed());
+    assert!(dials > 10, "{dials}");
+    assert!(
+        last_gap <= DEFAULT_BACKOFF_MAX + DEFAULT_BACKOFF_MAX / 10,
+        "{last_gap:?}"
+    );
+    assert!(h.now - t0 >= DEFAULT_MAX_OUTAGE);
+    let text = String::from_utf8(to_client(&a)).unwrap();
+    assert!(
+        text.starts_with("-ERR 'natsproxy: no NATS server reachable"),
+        "{text}"
+    );
+}
+
+#[test]
+fn echo_false_client_never_gets_its_own_messages_from_the_other_link() {
+    let mut h = H::new();
+    h.actions();
+    h.s.handle_upstream_connected(Epoch(1), h.now);
+    h.upstream(
+        1,
+        b"INFO {\"server_id\":\"S\",\"connect_urls\":[\"x:1\"]} \r\n",
+    );
+    h.client(b"CONNECT {\"verbose\":false,\"echo\":false,\"headers\":true}\r\nSUB foo 1\r\n");
+    h.upstream(1, b"PONG\r\nPONG\r\n");
+    let a = h.upstream(1, b"INFO {\"server_id\":\"S\",\"ldm\":true} \r\n");
+    let (e2, _) = dial_of(&a).unwrap();
+    h.s.handle_upstream_connected(e2, h.now);
+    h.upstream(2, INFO_B);
+    // Published on A (no echo there); B, another connection, delivers it.
+    h.client(b"PUB foo 4\r\nmine\r\n");
+    h.upstream(2, b"MSG foo 1 4\r\nmine\r\n");
+    h.upstream(2, b"PONG\r\nPONG\r\n");
+    h.upstream(1, b"PONG\r\nPONG\r\n"); // confirmation + switch barrier
+                                        // Published on B after the switch; A, still subscribed, delivers it.
+    h.client(b"PUB foo 5\r\nmine2\r\n");
+    assert_eq!(to_client(&h.upstream(1, b"MSG foo 1 5\r\nmine2\r\n")), b"");
+    h.now = h.s.poll_timeout().unwrap();
+    h.s.handle_timeout(h.now);
+    h.actions();
+    let a = h.upstream(1, b"PONG\r\n");
+    assert_eq!(to_client(&a), b"", "held echo from B dropped at release");
+    assert_eq!(h.s.stats().migrations, 1);
+}
+
+#[test]
+fn old_link_closing_before_the_switch_promotes_the_standby() {
+    let mut h = H::connected();
+    h.client(b"SUB foo 1\r\n");
+    let a = h.upstream(
+        1,
+        b"INFO {\"server_id\":\"S\",\"connect_urls\":[\"x:1\"],\"ldm\":true} \r\n",
+    );
+    let (e2, _) = dial_of(&a).unwrap();
+    h.s.handle_upstream_connected(e2, h.now);
+    h.upstream(2, INFO_B);
+    h.upstream(2, b"MSG foo 1 1\r\na\r\nMSG foo 1 1\r\nb\r\n");
+    h.upstream(1, b"MSG foo 1 1\r\na\r\n");
+    // Lame duck closes A before B's replay PONG.
+    h.s.handle_upstream_lost(Epoch(1), h.now);
+    let a = h.actions();
+    assert_eq!(
+        to_client(&a),
+        b"MSG foo 1 1\r\nb\r\n",
+        "held released, minus A's"
+    );
+    assert_eq!(h.s.upstream_addr(), Some("x:1"));
+    let a = h.client(b"PUB x 1\r\n1\r\n");
+    assert!(
+        a.iter()
+            .all(|a| matches!(a, Action::ToUpstream(Epoch(2), _))),
+        "{a:?}"
+    );
 }
