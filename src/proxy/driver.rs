@@ -26,7 +26,7 @@ use tracing::{debug, info, warn};
 
 use super::Stats;
 use crate::config::Config;
-use crate::session::{Action, CloseReason, Epoch, Session};
+use crate::session::{Action, CloseReason, Epoch, Session, SessionStats};
 
 /// Spare capacity ensured before each read.
 const READ_CHUNK: usize = 64 * 1024;
@@ -110,6 +110,8 @@ struct Driver<'a> {
     timer_at: Option<Instant>,
     /// Alternates which side is read first, so neither starves the other.
     upstream_first: bool,
+    /// Session counters already added to `stats`.
+    stats_seen: SessionStats,
 }
 
 /// Serves one client until it or the session closes, or shutdown.
@@ -131,6 +133,7 @@ pub(super) async fn serve(
         timer: Box::pin(tokio::time::sleep_until(now + Duration::from_secs(3600))),
         timer_at: None,
         upstream_first: false,
+        stats_seen: SessionStats::default(),
     };
     d.run(shutdown).await;
 }
@@ -147,6 +150,7 @@ impl Driver<'_> {
                     return;
                 }
             }
+            self.sync_stats();
             self.arm_timer();
             let ev = std::future::poll_fn(|cx| self.poll_event(cx, cancelled.as_mut())).await;
             let now = Instant::now().into_std();
@@ -212,6 +216,15 @@ impl Driver<'_> {
                     self.session.handle_timeout(now);
                 }
             }
+        }
+    }
+
+    /// Adds the session's new counts to the process-wide ones (cheap: a struct compare).
+    fn sync_stats(&mut self) {
+        let now = self.session.stats();
+        if *now != self.stats_seen {
+            self.stats.add_session(&self.stats_seen, now);
+            self.stats_seen = now.clone();
         }
     }
 

@@ -29,6 +29,57 @@ pub struct Stats {
     pub upstream_connects: AtomicU64,
     /// Clients closed as slow consumers.
     pub slow_consumers: AtomicU64,
+    /// Completed make-before-break migrations (all clients).
+    pub migrations: AtomicU64,
+    /// Upstreams lost without warning (all clients).
+    pub failovers: AtomicU64,
+    /// Subscriptions replayed on new upstream links.
+    pub subs_replayed: AtomicU64,
+    /// Overlap duplicates dropped.
+    pub duplicates_suppressed: AtomicU64,
+    /// Messages forwarded past the de-dup bounds (possible duplicates).
+    pub possible_duplicates: AtomicU64,
+    /// Unconfirmed publishes written again after a link died.
+    pub publishes_resent: AtomicU64,
+    /// Longest lame-duck-INFO-to-switch time seen, in microseconds.
+    pub max_switch_us: AtomicU64,
+}
+
+impl Stats {
+    /// Adds what a session counted since `before`.
+    pub(crate) fn add_session(
+        &self,
+        before: &crate::session::SessionStats,
+        now: &crate::session::SessionStats,
+    ) {
+        let add = |c: &AtomicU64, a: u64, b: u64| {
+            if b > a {
+                c.fetch_add(b - a, Ordering::Relaxed);
+            }
+        };
+        add(&self.migrations, before.migrations, now.migrations);
+        add(&self.failovers, before.failovers, now.failovers);
+        add(&self.subs_replayed, before.subs_replayed, now.subs_replayed);
+        add(
+            &self.duplicates_suppressed,
+            before.duplicates_suppressed,
+            now.duplicates_suppressed,
+        );
+        add(
+            &self.possible_duplicates,
+            before.possible_duplicates,
+            now.possible_duplicates,
+        );
+        add(
+            &self.publishes_resent,
+            before.publishes_resent,
+            now.publishes_resent,
+        );
+        if let Some(t) = now.last_switch {
+            self.max_switch_us
+                .fetch_max(t.as_micros() as u64, Ordering::Relaxed);
+        }
+    }
 }
 
 /// A bound proxy, ready to run.

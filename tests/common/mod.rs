@@ -2,6 +2,8 @@
 //! helpers that wait on events with timeouts (never fixed sleeps).
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;

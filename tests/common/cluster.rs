@@ -1,0 +1,306 @@
+//! A real nats-server cluster on free loopback ports: start, lame duck (SIGUSR2), wait
+//! for exit, restart, wait until whole again, SIGKILL, SIGSTOP/SIGCONT. Every process is
+//! ours and is stopped by its PID.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::{free_port, server_bin, within, TempDir};
+
+/// One cluster node.
+pub struct Node {
+    pub name: String,
+    pub port: u16,
+    pub http: u16,
+    pub cluster_port: u16,
+    conf: std::path::PathBuf,
+    log: std::path::PathBuf,
+    pub child: Option<Child>,
+}
+
+impl Node {
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(server_bin())
+            .arg("-c")
+            .arg(&self.conf)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn nats-server");
+        self.child = Some(child);
+    }
+    fn signal(&self, sig: &str) {
+        let pid = self.pid().expect("node not running").to_string();
+        let ok = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid} failed");
+    }
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Cluster options.
+#[derive(Clone, Default)]
+pub struct ClusterOpts {
+    pub nodes: usize,
+    pub jetstream: bool,
+    /// Add a node outside the proxy's view (no JetStream, not advertised) for publishers.
+    pub publisher_node: bool,
+}
+
+pub struct Cluster {
+    pub nodes: Vec<Node>,
+    /// The publisher node, if any (index `nodes.len()` is not used for it).
+    pub publisher: Option<Node>,
+    _dir: TempDir,
+}
+
+impl Cluster {
+    pub async fn start(opts: ClusterOpts) -> Cluster {
+        let dir = TempDir::new("cluster");
+        let n = opts.nodes;
+        let total = n + usize::from(opts.publisher_node);
+        let cports: Vec<u16> = (0..total).map(|_| free_port()).collect();
+        let routes: Vec<String> = cports
+            .iter()
+            .map(|p| format!("nats-route://127.0.0.1:{p}"))
+            .collect();
+        let mut all = Vec::new();
+        for (i, &cport) in cports.iter().enumerate() {
+            let is_pub = i == n;
+            let name = if is_pub {
+                "pub".to_string()
+            } else {
+                format!("n{}", i + 1)
+            };
+            let port = free_port();
+            let http = free_port();
+            let mut conf = format!(
+                "server_name: {name}\nlisten: \"127.0.0.1:{port}\"\nhttp: \"127.0.0.1:{http}\"\n\
+                 lame_duck_duration: \"30s\"\nlame_duck_grace_period: \"1s\"\n"
+            );
+            if opts.jetstream && !is_pub {
+                conf += &format!(
+                    "jetstream {{ store_dir: \"{}\" }}\n",
+                    dir.0.join(&name).display()
+                );
+            }
+            conf += &format!(
+                "cluster {{\n  name: c1\n  listen: \"127.0.0.1:{}\"\n  routes: [{}]\n{}}}\n",
+                cport,
+                routes.join(", "),
+                if is_pub { "  no_advertise: true\n" } else { "" }
+            );
+            let conf_path = dir.0.join(format!("{name}.conf"));
+            std::fs::write(&conf_path, conf).unwrap();
+            let mut node = Node {
+                name,
+                port,
+                http,
+                cluster_port: cport,
+                conf: conf_path,
+                log: dir.0.join(format!("{}.log", i)),
+                child: None,
+            };
+            node.spawn();
+            all.push(node);
+        }
+        let publisher = if opts.publisher_node { all.pop() } else { None };
+        let c = Cluster {
+            nodes: all,
+            publisher,
+            _dir: dir,
+        };
+        for i in 0..c.nodes.len() {
+            c.wait_healthy(i).await;
+        }
+        if let Some(p) = &c.publisher {
+            wait_http_ok(p.http, "/healthz").await;
+        }
+        c.wait_routes().await;
+        c
+    }
+
+    /// Waits until node `i` answers `/healthz` with 200 (JetStream current, if enabled).
+    pub async fn wait_healthy(&self, i: usize) {
+        wait_http_ok(self.nodes[i].http, "/healthz").await;
+    }
+
+    /// Waits until every running node has a route to every other running node.
+    pub async fn wait_routes(&self) {
+        let expect = self.nodes.iter().filter(|n| n.child.is_some()).count()
+            + usize::from(self.publisher.is_some())
+            - 1;
+        let ports: Vec<u16> = self
+            .nodes
+            .iter()
+            .chain(self.publisher.iter())
+            .filter(|n| n.child.is_some())
+            .map(|n| n.http)
+            .collect();
+        within(Duration::from_secs(30), "cluster routes", async {
+            'outer: loop {
+                for &p in &ports {
+                    let body = http_get(p, "/routez").await.unwrap_or_default();
+                    let routes = body
+                        .split("\"num_routes\":")
+                        .nth(1)
+                        .and_then(|r| {
+                            r.trim()
+                                .split(|c: char| !c.is_ascii_digit())
+                                .next()
+                                .map(str::to_owned)
+                        })
+                        .and_then(|n| n.parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if routes < expect {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue 'outer;
+                    }
+                }
+                return;
+            }
+        })
+        .await;
+    }
+
+    /// SIGUSR2: lame duck mode.
+    pub fn lame_duck(&self, i: usize) {
+        self.nodes[i].signal("-USR2");
+    }
+
+    /// Waits for node `i` to exit (after lame duck), at most `d`.
+    pub async fn wait_exit(&mut self, i: usize, d: Duration) {
+        let node = &mut self.nodes[i];
+        let name = node.name.clone();
+        within(d, &format!("{name} to exit"), async {
+            loop {
+                if let Some(c) = node.child.as_mut() {
+                    if c.try_wait().unwrap().is_some() {
+                        node.child = None;
+                        return;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    }
+
+    /// Starts node `i` again and waits until it is healthy and routed.
+    pub async fn restart(&mut self, i: usize) {
+        assert!(self.nodes[i].child.is_none(), "node still running");
+        self.nodes[i].spawn();
+        self.wait_healthy(i).await;
+        self.wait_routes().await;
+    }
+
+    /// SIGKILL.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.nodes[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGSTOP: the process hangs with its sockets open.
+    pub fn stop(&self, i: usize) {
+        self.nodes[i].signal("-STOP");
+    }
+
+    /// SIGCONT.
+    pub fn cont(&self, i: usize) {
+        self.nodes[i].signal("-CONT");
+    }
+
+    /// Index of the node that holds a client connection named `name` (from `/connz`).
+    pub async fn node_of_client(&self, name: &str) -> Option<usize> {
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.child.is_none() {
+                continue;
+            }
+            let body = http_get(n.http, "/connz?limit=1024")
+                .await
+                .unwrap_or_default();
+            if body.contains(&format!("\"name\": \"{name}\""))
+                || body.contains(&format!("\"name\":\"{name}\""))
+            {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(Node::url).collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in self.nodes.iter_mut().chain(self.publisher.iter_mut()) {
+            if let Some(mut c) = n.child.take() {
+                let _ = Command::new("kill")
+                    .args(["-CONT", &c.id().to_string()])
+                    .status();
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+/// A minimal HTTP/1.0 GET on loopback; the body, or None.
+pub async fn http_get(port: u16, path: &str) -> Option<String> {
+    let fut = async {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+            .await
+            .ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).to_string();
+        if !text.starts_with("HTTP/1.") || !text[9..12].eq("200") {
+            return None;
+        }
+        text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+    };
+    tokio::time::timeout(Duration::from_secs(2), fut)
+        .await
+        .ok()
+        .flatten()
+}
+
+async fn wait_http_ok(port: u16, path: &str) {
+    within(
+        Duration::from_secs(30),
+        &format!("{path} on :{port}"),
+        async {
+            while http_get(port, path).await.is_none() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        },
+    )
+    .await;
+}

@@ -1,0 +1,420 @@
+//! Upstream migration against a real 3-node cluster: rolling lame-duck restart, SIGKILL
+//! and SIGSTOP of the node the proxy is on. The publisher sits on a 4th node that is never
+//! restarted, so any loss counted is the proxy's.
+
+mod common;
+use common::cluster::{Cluster, ClusterOpts};
+use common::*;
+
+use futures::StreamExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Connects through the proxy with a name, recording any connection event that is not
+/// a plain "connected" (a disconnect, a server error, lame duck).
+async fn client(url: &str, name: &str, events: Arc<Mutex<Vec<String>>>) -> async_nats::Client {
+    async_nats::ConnectOptions::new()
+        .name(name)
+        .event_callback(move |e| {
+            let events = events.clone();
+            async move {
+                if !matches!(e, async_nats::Event::Connected) {
+                    events.lock().unwrap().push(format!("{e}"));
+                }
+            }
+        })
+        .connect(url)
+        .await
+        .unwrap()
+}
+
+/// Publishes `subject` numbered messages at about `rate`/s until `stop`; `seq` counts them.
+fn spawn_publisher(
+    c: async_nats::Client,
+    subjects: &'static [&'static str],
+    rate: u64,
+    seq: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let per_tick = (rate / 100).max(1);
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        while !stop.load(Ordering::Relaxed) {
+            tick.tick().await;
+            for _ in 0..per_tick {
+                let n = seq.load(Ordering::Relaxed);
+                for s in subjects {
+                    c.publish(*s, n.to_string().into()).await.unwrap();
+                }
+                seq.store(n + 1, Ordering::Relaxed);
+            }
+        }
+        c.flush().await.unwrap();
+    })
+}
+
+/// Waits until a subscription sees traffic from the publisher node (interest propagated).
+async fn wait_flowing(
+    publisher: &async_nats::Client,
+    subject: &str,
+    sub: &mut async_nats::Subscriber,
+) {
+    within(Duration::from_secs(10), "interest to propagate", async {
+        loop {
+            publisher
+                .publish(subject.to_string(), "probe".into())
+                .await
+                .unwrap();
+            if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(100), sub.next()).await
+            {
+                break;
+            }
+        }
+    })
+    .await;
+    // Drain any further probes.
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(100), sub.next()).await {}
+}
+
+struct Received {
+    seqs: Vec<u64>,
+    max_gap: Duration,
+    times: Vec<Instant>,
+}
+
+fn spawn_receiver(
+    mut sub: async_nats::Subscriber,
+    stop_at: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<Received> {
+    tokio::spawn(async move {
+        let mut r = Received {
+            seqs: Vec::new(),
+            max_gap: Duration::ZERO,
+            times: Vec::new(),
+        };
+        let mut last: Option<Instant> = None;
+        loop {
+            let target = stop_at.load(Ordering::Relaxed);
+            if target != u64::MAX && r.seqs.last().is_some_and(|&s| s + 1 >= target) {
+                break;
+            }
+            let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(15), sub.next()).await
+            else {
+                break;
+            };
+            let Ok(n) = std::str::from_utf8(&m.payload).unwrap_or("").parse::<u64>() else {
+                continue;
+            };
+            let now = Instant::now();
+            if let Some(l) = last {
+                r.max_gap = r.max_gap.max(now - l);
+            }
+            last = Some(now);
+            r.seqs.push(n);
+            r.times.push(now);
+        }
+        r
+    })
+}
+
+fn check_exactly_once_in_order(what: &str, seqs: &[u64], published: u64) {
+    let mut dups = 0;
+    let mut out_of_order = 0;
+    for w in seqs.windows(2) {
+        if w[1] == w[0] {
+            dups += 1;
+        } else if w[1] < w[0] {
+            out_of_order += 1;
+        }
+    }
+    let mut sorted = seqs.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let missing = published - sorted.len() as u64;
+    println!("{what}: published {published}, received {}, distinct {}, duplicates {dups}, out of order {out_of_order}, missing {missing}", seqs.len(), sorted.len());
+    assert_eq!((dups, out_of_order, missing), (0, 0, 0), "{what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_lame_duck_restart_is_invisible_to_clients() {
+    init_logs();
+    let mut cluster = Cluster::start(ClusterOpts {
+        nodes: 3,
+        jetstream: false,
+        publisher_node: true,
+    })
+    .await;
+    let proxy = TestProxy::start(&cluster.urls()).await;
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let plain_c = client(&proxy.url(), "plain", events.clone()).await;
+    let queue_c = client(&proxy.url(), "queue", events.clone()).await;
+    let resp_c = client(&proxy.url(), "responder", events.clone()).await;
+    let publisher = async_nats::connect(cluster.publisher.as_ref().unwrap().url())
+        .await
+        .unwrap();
+
+    let mut plain = plain_c.subscribe("data").await.unwrap();
+    let mut queue = queue_c
+        .queue_subscribe("qdata", "workers".into())
+        .await
+        .unwrap();
+    let mut svc = resp_c.subscribe("svc").await.unwrap();
+    wait_flowing(&publisher, "data", &mut plain).await;
+    wait_flowing(&publisher, "qdata", &mut queue).await;
+    let responder = tokio::spawn(async move {
+        while let Some(m) = svc.next().await {
+            if let Some(r) = m.reply {
+                let _ = resp_c.publish(r, m.payload).await;
+            }
+        }
+    });
+    within(Duration::from_secs(10), "responder reachable", async {
+        while publisher.request("svc", "probe".into()).await.is_err() {}
+    })
+    .await;
+
+    let seq = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_at = Arc::new(AtomicU64::new(u64::MAX));
+    let plain_rx = spawn_receiver(plain, stop_at.clone());
+    let queue_rx = spawn_receiver(queue, stop_at.clone());
+    let pub_task = spawn_publisher(
+        publisher.clone(),
+        &["data", "qdata"],
+        2000,
+        seq.clone(),
+        stop.clone(),
+    );
+    let (req_ok, req_err) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let req_task = {
+        let (ok, err, stop, p) = (
+            req_ok.clone(),
+            req_err.clone(),
+            stop.clone(),
+            publisher.clone(),
+        );
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let body = format!("r{i}");
+                match tokio::time::timeout(
+                    Duration::from_secs(5),
+                    p.request("svc", body.clone().into()),
+                )
+                .await
+                {
+                    Ok(Ok(m)) if m.payload == body.as_bytes() => ok.fetch_add(1, Ordering::Relaxed),
+                    other => {
+                        eprintln!("request {i} failed: {other:?}");
+                        err.fetch_add(1, Ordering::Relaxed)
+                    }
+                };
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+
+    let started = Instant::now();
+    for i in 0..3 {
+        tokio::time::sleep(Duration::from_millis(500)).await; // traffic between restarts
+        cluster.lame_duck(i);
+        cluster.wait_exit(i, Duration::from_secs(40)).await;
+        cluster.restart(i).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    pub_task.await.unwrap();
+    req_task.await.unwrap();
+    let published = seq.load(Ordering::Relaxed);
+    stop_at.store(published, Ordering::Relaxed);
+    // Make the receivers notice the target even if the last message already arrived.
+    publisher.publish("data", "end".into()).await.unwrap();
+    publisher.publish("qdata", "end".into()).await.unwrap();
+    publisher.flush().await.unwrap();
+    let plain = within(Duration::from_secs(30), "plain receiver", plain_rx)
+        .await
+        .unwrap();
+    let queue = within(Duration::from_secs(30), "queue receiver", queue_rx)
+        .await
+        .unwrap();
+    let ev = events.lock().unwrap().clone();
+    assert!(ev.is_empty(), "clients saw connection events: {ev:?}");
+    responder.abort();
+
+    println!(
+        "rolling restart of 3 nodes took {:?}; largest gap at the plain subscriber {:?}, at the queue subscriber {:?}",
+        started.elapsed(),
+        plain.max_gap,
+        queue.max_gap
+    );
+    check_exactly_once_in_order("plain subscriber", &plain.seqs, published);
+    let mut q = queue.seqs.clone();
+    q.sort_unstable();
+    let before = q.len();
+    q.dedup();
+    assert_eq!(before, q.len(), "queue subscriber got a message twice");
+    assert_eq!(
+        q.len() as u64,
+        published,
+        "queue subscriber missed messages"
+    );
+    let (ok, err) = (
+        req_ok.load(Ordering::Relaxed),
+        req_err.load(Ordering::Relaxed),
+    );
+    println!("requests: {ok} answered, {err} failed");
+    assert!(ok > 0);
+    assert_eq!(err, 0, "every request answered");
+    assert_eq!(
+        proxy.stats.clients_accepted.load(Ordering::Relaxed),
+        3,
+        "no client reconnected"
+    );
+    let migrations = proxy.stats.migrations.load(Ordering::Relaxed);
+    let failovers = proxy.stats.failovers.load(Ordering::Relaxed);
+    let switch = Duration::from_micros(proxy.stats.max_switch_us.load(Ordering::Relaxed));
+    println!(
+        "migrations {migrations}, failovers {failovers}, longest ldm-to-switch {switch:?}, duplicates suppressed {}, possible duplicates {}",
+        proxy.stats.duplicates_suppressed.load(Ordering::Relaxed),
+        proxy.stats.possible_duplicates.load(Ordering::Relaxed)
+    );
+    assert_eq!(migrations, 9, "3 clients moved at each of 3 lame ducks");
+    assert_eq!(failovers, 0, "every move was make-before-break");
+}
+
+/// Shared body of the SIGKILL and SIGSTOP tests: returns the time from the fault to the
+/// first message received that was published after it.
+async fn fault_of_current_node(stop_node: bool) -> Duration {
+    init_logs();
+    let mut cluster = Cluster::start(ClusterOpts {
+        nodes: 3,
+        jetstream: false,
+        publisher_node: true,
+    })
+    .await;
+    let proxy = TestProxy::start(&cluster.urls()).await;
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let c = client(&proxy.url(), "victim", events.clone()).await;
+    let publisher = async_nats::connect(cluster.publisher.as_ref().unwrap().url())
+        .await
+        .unwrap();
+    let mut sub = c.subscribe("data").await.unwrap();
+    wait_flowing(&publisher, "data", &mut sub).await;
+    let node = within(
+        Duration::from_secs(5),
+        "connz to show the proxy's link",
+        async {
+            loop {
+                if let Some(i) = cluster.node_of_client("victim").await {
+                    return i;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        },
+    )
+    .await;
+
+    let seq = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_at = Arc::new(AtomicU64::new(u64::MAX));
+    let rx = spawn_receiver(sub, stop_at.clone());
+    let pub_task = spawn_publisher(
+        publisher.clone(),
+        &["data"],
+        1000,
+        seq.clone(),
+        stop.clone(),
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let fault_at = Instant::now();
+    let seq_at_fault = seq.load(Ordering::Relaxed);
+    if stop_node {
+        cluster.stop(node);
+    } else {
+        cluster.kill(node);
+    }
+    // Let traffic resume and flow for a while.
+    let resumed_deadline = Duration::from_secs(15);
+    within(resumed_deadline, "traffic after the fault", async {
+        while cluster
+            .node_of_client("victim")
+            .await
+            .is_none_or(|i| i == node)
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    pub_task.await.unwrap();
+    let published = seq.load(Ordering::Relaxed);
+    stop_at.store(published, Ordering::Relaxed);
+    publisher.publish("data", "end".into()).await.unwrap();
+    publisher.flush().await.unwrap();
+    let r = within(Duration::from_secs(30), "receiver", rx)
+        .await
+        .unwrap();
+    if stop_node {
+        cluster.cont(node);
+    }
+
+    // Order and no duplicates always; loss only in the detection window (core NATS).
+    let mut dups = 0;
+    for w in r.seqs.windows(2) {
+        assert!(w[1] >= w[0], "out of order: {} after {}", w[1], w[0]);
+        dups += usize::from(w[1] == w[0]);
+    }
+    assert_eq!(dups, 0, "duplicates");
+    // The interruption: the largest silence at the subscriber after the fault (the
+    // publisher sends every 10 ms, so silence means no upstream held the subscription).
+    let resumed = r
+        .times
+        .windows(2)
+        .filter(|w| w[1] > fault_at)
+        .map(|w| w[1] - w[0].max(fault_at))
+        .max()
+        .expect("traffic resumed");
+    let lost = published - r.seqs.len() as u64;
+    let after: Vec<u64> = r
+        .seqs
+        .iter()
+        .copied()
+        .filter(|&s| s > seq_at_fault)
+        .collect();
+    assert_eq!(
+        *after.last().unwrap() + 1,
+        published,
+        "everything after the resume arrived"
+    );
+    println!(
+        "{}: traffic resumed {:?} after the fault; {lost} of {published} messages published in the window lost; largest gap {:?}",
+        if stop_node { "SIGSTOP" } else { "SIGKILL" },
+        resumed,
+        r.max_gap
+    );
+    assert_eq!(
+        proxy.stats.clients_accepted.load(Ordering::Relaxed),
+        1,
+        "the client never reconnected"
+    );
+    let ev = events.lock().unwrap().clone();
+    assert!(ev.is_empty(), "client saw connection events: {ev:?}");
+    resumed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_the_current_node_fails_over() {
+    let resumed = fault_of_current_node(false).await;
+    // Detection is immediate (the kernel closes the socket); one dial and a replay follow.
+    assert!(resumed < Duration::from_secs(2), "{resumed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigstop_of_the_current_node_is_detected_by_pings() {
+    let resumed = fault_of_current_node(true).await;
+    // Detection: a PING unanswered for 2 × 2 s, sent at most 2 s after the fault; then a dial.
+    assert!(resumed < Duration::from_secs(8), "{resumed:?}");
+}
