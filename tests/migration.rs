@@ -6,7 +6,7 @@ mod common;
 use common::cluster::{Cluster, ClusterOpts};
 use common::*;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -150,6 +150,15 @@ async fn rolling_lame_duck_restart_is_invisible_to_clients() {
     let plain_c = client(&proxy.url(), "plain", events.clone()).await;
     let queue_c = client(&proxy.url(), "queue", events.clone()).await;
     let resp_c = client(&proxy.url(), "responder", events.clone()).await;
+    // echo:false: this client must never get its own messages back, not even from the
+    // second link during an overlap.
+    let echo_c = async_nats::ConnectOptions::new()
+        .name("no-echo")
+        .no_echo()
+        .connect(proxy.url())
+        .await
+        .unwrap();
+    let mut echo_sub = echo_c.subscribe("echo.x").await.unwrap();
     let publisher = async_nats::connect(cluster.publisher.as_ref().unwrap().url())
         .await
         .unwrap();
@@ -216,6 +225,28 @@ async fn rolling_lame_duck_restart_is_invisible_to_clients() {
         })
     };
 
+    let echo_sent = Arc::new(AtomicU64::new(0));
+    let echo_task = {
+        let (n, stop, c) = (echo_sent.clone(), stop.clone(), echo_c.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                c.publish("echo.x", "self".into()).await.unwrap();
+                n.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let mut echo_watch = publisher.subscribe("echo.x").await.unwrap();
+    let echo_seen_elsewhere = tokio::spawn(async move {
+        let mut n = 0u64;
+        while let Ok(Some(_)) =
+            tokio::time::timeout(Duration::from_secs(3), echo_watch.next()).await
+        {
+            n += 1;
+        }
+        n
+    });
+
     let started = Instant::now();
     for i in 0..3 {
         tokio::time::sleep(Duration::from_millis(500)).await; // traffic between restarts
@@ -227,6 +258,7 @@ async fn rolling_lame_duck_restart_is_invisible_to_clients() {
     stop.store(true, Ordering::Relaxed);
     pub_task.await.unwrap();
     req_task.await.unwrap();
+    echo_task.await.unwrap();
     let published = seq.load(Ordering::Relaxed);
     stop_at.store(published, Ordering::Relaxed);
     // Make the receivers notice the target even if the last message already arrived.
@@ -267,9 +299,17 @@ async fn rolling_lame_duck_restart_is_invisible_to_clients() {
     println!("requests: {ok} answered, {err} failed");
     assert!(ok > 0);
     assert_eq!(err, 0, "every request answered");
+    let echoed = std::iter::from_fn(|| echo_sub.next().now_or_never().flatten()).count();
+    let elsewhere = echo_seen_elsewhere.await.unwrap();
+    println!(
+        "echo:false client published {}, seen by another client {elsewhere}, echoed back to it {echoed}",
+        echo_sent.load(Ordering::Relaxed)
+    );
+    assert!(elsewhere > 100, "the echo publisher's messages flowed");
+    assert_eq!(echoed, 0, "echo:false client got its own messages");
     assert_eq!(
         proxy.stats.clients_accepted.load(Ordering::Relaxed),
-        3,
+        4,
         "no client reconnected"
     );
     let migrations = proxy.stats.migrations.load(Ordering::Relaxed);
@@ -280,7 +320,7 @@ async fn rolling_lame_duck_restart_is_invisible_to_clients() {
         proxy.stats.duplicates_suppressed.load(Ordering::Relaxed),
         proxy.stats.possible_duplicates.load(Ordering::Relaxed)
     );
-    assert_eq!(migrations, 9, "3 clients moved at each of 3 lame ducks");
+    assert_eq!(migrations, 12, "4 clients moved at each of 3 lame ducks");
     assert_eq!(failovers, 0, "every move was make-before-break");
 }
 

@@ -735,6 +735,15 @@ impl Session {
                 // Only the primary's errors concern the client; a dying link's
                 // 'Stale Connection' is the proxy's business.
                 let connection_level = text.windows(5).any(|w| w == b"Stale");
+                let rejected = self.link(role).is_some_and(|l| !l.accepted)
+                    && text.windows(13).any(|w| w == b"Authorization");
+                if rejected && role == Role::Primary {
+                    // The server refused our CONNECT (the client's credentials, or the
+                    // proxy's): exactly what the client would have been told directly.
+                    let line = [b"-ERR ", &text[..], b"\r\n"].concat();
+                    self.send_client(line.into());
+                    return self.close_client(CloseReason::UpstreamLost);
+                }
                 if role == Role::Primary && !connection_level {
                     let line = [b"-ERR ", &text[..], b"\r\n"].concat();
                     self.send_client(line.into());
