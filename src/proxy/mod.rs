@@ -43,6 +43,10 @@ pub struct Stats {
     pub publishes_resent: AtomicU64,
     /// Longest lame-duck-INFO-to-switch time seen, in microseconds.
     pub max_switch_us: AtomicU64,
+    /// JetStream pull requests re-sent by the proxy.
+    pub pulls_reissued: AtomicU64,
+    /// Statuses kept from clients (503 and others their library turns into errors).
+    pub statuses_shielded: AtomicU64,
 }
 
 impl Stats {
@@ -74,6 +78,16 @@ impl Stats {
             &self.publishes_resent,
             before.publishes_resent,
             now.publishes_resent,
+        );
+        add(
+            &self.pulls_reissued,
+            before.pulls_reissued,
+            now.pulls_reissued,
+        );
+        add(
+            &self.statuses_shielded,
+            before.statuses_shielded,
+            now.statuses_shielded,
         );
         if let Some(t) = now.last_switch {
             self.max_switch_us

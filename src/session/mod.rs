@@ -43,6 +43,7 @@
 
 pub mod action;
 pub mod dedup;
+pub mod jetstream;
 pub mod link;
 pub mod pool;
 pub mod replies;
@@ -59,6 +60,7 @@ use crate::proto::{
 };
 pub use action::{Action, CloseReason, Epoch};
 use dedup::Dedup;
+use jetstream::{PullTracker, Shield};
 use link::{Link, LinkState, PingOwner};
 use pool::NodePool;
 use replies::{Ready, ReplyQueue};
@@ -166,6 +168,10 @@ pub struct SessionStats {
     pub publishes_resent: u64,
     /// Time from lame-duck INFO to switch of the last migration.
     pub last_switch: Option<Duration>,
+    /// JetStream pull requests re-sent by the proxy.
+    pub pulls_reissued: u64,
+    /// Statuses kept from the client (503 and others its library turns into errors).
+    pub statuses_shielded: u64,
 }
 
 /// Client-facing progress.
@@ -184,7 +190,10 @@ enum ClientState {
 /// A client op waiting for a primary that accepts traffic.
 #[derive(Debug)]
 enum Pending {
+    /// A client publish, kept until confirmed.
     Data(Bytes),
+    /// A publish the proxy does not keep for re-sending (pull requests: the tracker does).
+    Untracked(Bytes),
     Ping,
 }
 
@@ -238,6 +247,9 @@ pub struct Session {
     now: Instant,
     rng: fastrand::Rng,
     stats: SessionStats,
+    pulls: PullTracker,
+    /// Re-issue every tracked pull request once a new primary is up (hard failover).
+    reissue_pulls: bool,
 }
 
 impl Session {
@@ -274,6 +286,8 @@ impl Session {
             now,
             rng,
             stats: SessionStats::default(),
+            pulls: PullTracker::default(),
+            reissue_pulls: false,
         };
         s.start_dial();
         s
@@ -301,7 +315,13 @@ impl Session {
             .filter(|_| self.retiring.is_some() && !self.drain_sent);
         let outage = self.outage_since.map(|t| t + self.cfg.max_outage);
         link_times
-            .chain([self.dial_at, drain, self.linger_until, outage])
+            .chain([
+                self.dial_at,
+                drain,
+                self.linger_until,
+                outage,
+                self.pulls.poll_timeout(),
+            ])
             .flatten()
             .min()
     }
@@ -453,6 +473,9 @@ impl Session {
             }
             ClientOp::Unsub { raw, sid, max } => {
                 self.subs.unsubscribe(&sid, max);
+                if self.subs.get(&sid).is_none() {
+                    self.pulls.unsubscribed(&sid);
+                }
                 self.send_sub_op(raw, true);
                 self.reply_ok();
             }
@@ -493,6 +516,20 @@ impl Session {
             if let Some(d) = &mut self.dedup {
                 let fp = dedup::fingerprint(m.subject(), m.reply(), m.headers(), m.payload());
                 d.own_publish(self.subs.matching(m.subject()), fp);
+            }
+        }
+        if let (Some(reply), true) = (m.reply(), jetstream::is_pull_subject(m.subject())) {
+            if let Some(sid) = self.subs.sid_for(reply) {
+                let headers = m.has_headers().then(|| m.headers());
+                let rewritten =
+                    self.pulls
+                        .on_request(m.subject(), reply, sid, headers, m.payload(), self.now);
+                debug!(subject = %String::from_utf8_lossy(m.subject()), rewritten = rewritten.is_some(), tracked = self.pulls.len(), "pull request");
+                // Tracked requests are not kept as unconfirmed publishes: the tracker
+                // re-issues them itself when they are lost.
+                self.send_publish(Pending::Untracked(rewritten.unwrap_or(m.raw)));
+                self.reply_ok();
+                return;
             }
         }
         self.send_publish(Pending::Data(m.raw));
@@ -541,6 +578,7 @@ impl Session {
                         self.unpinged = true;
                         self.actions.push_back(Action::ToUpstream(epoch, b));
                     }
+                    Pending::Untracked(b) => self.actions.push_back(Action::ToUpstream(epoch, b)),
                     Pending::Ping => {
                         l.ping_sent(PingOwner::Client, now);
                         self.unpinged = false;
@@ -550,7 +588,7 @@ impl Session {
                 }
             }
             _ => {
-                if let Pending::Data(b) = &p {
+                if let Pending::Data(b) | Pending::Untracked(b) = &p {
                     self.backlog_bytes += b.len();
                 }
                 self.backlog.push_back(p);
@@ -605,6 +643,10 @@ impl Session {
                     self.backlog_bytes -= b.len();
                     l.publish_sent(b.clone());
                     self.unpinged = true;
+                    self.actions.push_back(Action::ToUpstream(epoch, b));
+                }
+                Pending::Untracked(b) => {
+                    self.backlog_bytes -= b.len();
                     self.actions.push_back(Action::ToUpstream(epoch, b));
                 }
                 Pending::Ping => {
@@ -855,6 +897,10 @@ impl Session {
         self.primary = self.standby.take();
         self.attempts = 0;
         self.flush_backlog();
+        if std::mem::take(&mut self.reissue_pulls) && !self.pulls.is_empty() {
+            self.pulls.all_lost(self.now);
+            self.reissue_due_pulls();
+        }
         if let (Some(m), Some(p)) = (&self.migration, &self.primary) {
             let took = self.now.saturating_duration_since(m.started);
             info!(reason = %m.reason, from = %m.from, to = %p.addr, resumed_ms = took.as_millis() as u64,
@@ -1033,6 +1079,14 @@ impl Session {
             // The server sends no-responders statuses only to clients that asked for them.
             return;
         }
+        if !self.pulls.is_empty() && self.pulls.on_message(&m, self.now) == Shield::Swallow {
+            if self.pulls.stats.shielded != self.stats.statuses_shielded {
+                self.stats.statuses_shielded = self.pulls.stats.shielded;
+                info!(status = %String::from_utf8_lossy(m.headers().split(|&c| c == b'\r').next().unwrap_or_default()),
+                    sid = %String::from_utf8_lossy(m.sid()), "shielded a JetStream status from the client");
+            }
+            return;
+        }
         self.subs.delivered(m.sid());
         if m.has_headers() && !self.opts.headers {
             // What nats-server does for clients without header support: strip them.
@@ -1132,11 +1186,28 @@ impl Session {
             });
         }
         self.outage_since = Some(now);
+        // The dead link's inbox subscriptions are gone; the server may sweep the
+        // requests before the new link's interest arrives.
+        self.reissue_pulls = true;
         match &self.standby {
             Some(s) if s.established() => self.promote_standby(),
             Some(_) => {}
             None => self.start_dial(),
         }
+    }
+
+    /// Sends the pull requests whose re-issue is due.
+    fn reissue_due_pulls(&mut self) {
+        if self.pulls.is_empty() {
+            return;
+        }
+        for frame in self.pulls.on_timeout(self.now) {
+            info!(request = %String::from_utf8_lossy(&frame[..frame.len().min(200)]).trim_end(), "re-issuing a lost pull request");
+            self.send_publish(Pending::Untracked(frame));
+        }
+        self.stats.pulls_reissued = self.pulls.stats.reissued;
+        self.stats.statuses_shielded = self.pulls.stats.shielded;
+        self.confirm_publishes();
     }
 
     /// Timers: keepalives, stale links, dial backoff, drain, de-dup linger, outage.
@@ -1171,6 +1242,7 @@ impl Session {
             self.start_dial();
         }
         self.maybe_drain();
+        self.reissue_due_pulls();
         if self.linger_until.is_some_and(|t| now >= t) {
             self.linger_until = None;
             self.take_dedup_stats();

@@ -90,6 +90,20 @@ impl SubTable {
             .map(|(sid, _)| sid.clone())
     }
 
+    /// The sid a message to the literal `subject` would be delivered on (an exact match
+    /// first, else a wildcard one): where a pull request's replies arrive.
+    pub fn sid_for(&self, subject: &[u8]) -> Option<Bytes> {
+        self.subs
+            .iter()
+            .find(|(_, s)| s.subject == subject)
+            .or_else(|| {
+                self.subs
+                    .iter()
+                    .find(|(_, s)| crate::proto::subject::matches(&s.subject, subject))
+            })
+            .map(|(sid, _)| sid.clone())
+    }
+
     /// The sids of all live subscriptions.
     pub fn sids(&self) -> impl Iterator<Item = &Bytes> {
         self.subs.keys()

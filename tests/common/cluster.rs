@@ -105,6 +105,7 @@ impl Cluster {
                     "jetstream {{ store_dir: \"{}\" }}\n",
                     dir.0.join(&name).display()
                 );
+                conf += &format!("server_tags: [\"node:{name}\"]\n");
             }
             conf += &format!(
                 "cluster {{\n  name: c1\n  listen: \"127.0.0.1:{}\"\n  routes: [{}]\n{}}}\n",
