@@ -454,3 +454,41 @@ fn old_link_closing_before_the_switch_promotes_the_standby() {
         "{a:?}"
     );
 }
+
+#[test]
+fn a_jetstream_delivery_arriving_on_both_links_is_forwarded_once() {
+    let mut h = H::connected();
+    h.client(b"SUB _INBOX.v 1\r\n");
+    let pull = b"PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.CV _INBOX.v 41\r\n{\"batch\":200,\"expires\":30000000000,\"x\":1}\r\n";
+    let a = h.client(pull);
+    let up = String::from_utf8(to_upstream(&a)).unwrap();
+    assert!(
+        up.contains("\"idle_heartbeat\":5000000000"),
+        "heartbeat added: {up}"
+    );
+    let a = h.upstream(
+        1,
+        b"INFO {\"server_id\":\"S\",\"connect_urls\":[\"x:1\"],\"ldm\":true} \r\n",
+    );
+    let (e2, _) = dial_of(&a).unwrap();
+    h.s.handle_upstream_connected(e2, h.now);
+    h.upstream(2, INFO_B);
+    let d1 = b"MSG logs.v 1 $JS.ACK.LOGS.CV.1.5.5.17.0 3\r\nm05\r\n";
+    let d2 = b"MSG logs.v 1 $JS.ACK.LOGS.CV.1.6.6.18.0 3\r\nm06\r\n";
+    // Both links deliver both (the consumer leader publishes to the inbox subject).
+    assert_eq!(to_client(&h.upstream(1, d1)), d1);
+    assert_eq!(to_client(&h.upstream(2, d1)), b"");
+    assert_eq!(to_client(&h.upstream(2, d2)), b"");
+    h.s.handle_upstream_lost(Epoch(1), h.now); // lame duck closes A
+    let a = h.actions();
+    assert_eq!(to_client(&a), d2, "each $JS.ACK delivery exactly once");
+    // A 503 on the pull inbox never reaches the client.
+    let s503 = b"HMSG _INBOX.v 1 38 38\r\nNATS/1.0 503\r\nNats-Subject: nobody\r\n\r\n\r\n";
+    assert_eq!(to_client(&h.upstream(2, s503)), b"");
+    // The swallowed heartbeat neither.
+    let hb = b"HMSG _INBOX.v 1 31 31\r\nNATS/1.0 100 Idle Heartbeat\r\n\r\n\r\n";
+    let a = h.upstream(2, hb);
+    assert_eq!(a, vec![], "swallowed, and the link is fine");
+    assert_eq!(h.s.upstream_addr(), Some("x:1"));
+    assert_eq!(h.s.stats().statuses_shielded, 1);
+}
