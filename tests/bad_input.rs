@@ -49,8 +49,10 @@ fn cases() -> Vec<(&'static str, Vec<u8>)> {
         ("tabs", c("PUB\tfoo\t2\r\nok\r\nSUB\tfoo\t\tq1\t5\r\nPING\r\n")),
         ("lowercase verbs and bare LF", c("connect {\"verbose\":false}\nsub foo 1\npub foo 2\nhi\r\nping\n")),
         (
+            // Different subjects: the server's order among several matching subscriptions
+            // of one connection is not defined.
             "sid 0 and odd sids with delivery",
-            c(&format!("{hdrs}SUB foo 0\r\nSUB foo abc\r\nPUB foo 2\r\nhi\r\nHPUB foo 12 14\r\nNATS/1.0\r\n\r\nhi\r\nPING\r\n")),
+            c(&format!("{hdrs}SUB foo 0\r\nSUB bar abc\r\nPUB foo 2\r\nhi\r\nHPUB bar 12 14\r\nNATS/1.0\r\n\r\nhi\r\nPUB bar 2\r\nho\r\nPING\r\n")),
         ),
         ("auto-unsubscribe", c(&format!("{quiet}SUB foo 1\r\nUNSUB 1 2\r\nPUB foo 1\r\na\r\nPUB foo 1\r\nb\r\nPUB foo 1\r\nc\r\nPING\r\n"))),
         ("unsubscribe with max at delivered", c(&format!("{quiet}SUB foo 1\r\nPUB foo 1\r\na\r\nPING\r\n"))),
