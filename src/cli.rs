@@ -1,8 +1,10 @@
-//! Command line (clap derive). Every flag can also come from a `NATSPROXY_*` variable.
+//! Command line (clap derive). Every option can come from a flag, a `NATSPROXY_*`
+//! variable, or the TOML file named by `--config`; precedence flag > env > file > default.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
-use clap::{Parser, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{self, Config, ConfigError, UpstreamUrl};
 
@@ -10,69 +12,111 @@ use crate::config::{self, Config, ConfigError, UpstreamUrl};
 /// behind it restarts (lame duck mode) or loses nodes.
 ///
 /// Point your client (e.g. Vector's `sources.nats.url`) at --listen; natsproxy holds one
-/// upstream connection per client to a node of --upstream.
+/// upstream connection per client to a node of --upstream and moves it, invisibly to the
+/// client, when that node leaves.
 #[derive(Debug, Parser)]
 #[command(name = "natsproxy", version, about, long_about)]
 pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub opts: Opts,
+}
+
+/// Subcommands; without one, natsproxy runs the proxy.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate the configuration and print the effective values (secrets masked).
+    CheckConfig,
+    /// Run a self-contained demonstration: a local 3-node cluster, the proxy, a publisher
+    /// and a Vector-style JetStream consumer through a rolling lame-duck restart.
+    Demo(DemoArgs),
+}
+
+/// Options of `natsproxy demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Messages per second the demo publisher sends.
+    #[arg(long, default_value_t = 200)]
+    pub rate: u64,
+}
+
+/// Proxy options. Defaults are applied after the configuration file is read.
+#[derive(Debug, Args, Default)]
+pub struct Opts {
+    /// TOML configuration file with any of the options below (keys as the long flag
+    /// names with `_` for `-`, `upstream` a string or a list).
+    #[arg(long, env = "NATSPROXY_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+
     /// Address clients connect to. Loopback by default: natsproxy is a sidecar.
-    #[arg(long, env = "NATSPROXY_LISTEN", default_value = config::DEFAULT_LISTEN)]
-    pub listen: SocketAddr,
+    /// [default: 127.0.0.1:4222]
+    #[arg(long, env = "NATSPROXY_LISTEN", global = true)]
+    pub listen: Option<String>,
 
     /// Upstream NATS server URL(s): nats://[user:pass@|token@]host:port. Repeat the flag or
-    /// separate with commas. Credentials in a URL are presented by the proxy upstream;
-    /// without them, the client's own user/password/token pass through.
+    /// separate with commas. More nodes are learned from the cluster. Credentials in a URL
+    /// are presented by the proxy upstream; without them the client's own pass through.
     #[arg(
         long = "upstream",
         env = "NATSPROXY_UPSTREAM",
         value_delimiter = ',',
-        required = true
+        global = true
     )]
     pub upstreams: Vec<String>,
 
+    /// Serve /metrics (Prometheus), /healthz and /readyz here, e.g. 0.0.0.0:9464 for
+    /// Kubernetes probes. [default: off]
+    #[arg(long, env = "NATSPROXY_METRICS_LISTEN", global = true)]
+    pub metrics_listen: Option<String>,
+
     /// Interval of the proxy's keepalive PINGs upstream; two missed = the node is dead.
-    #[arg(long, env = "NATSPROXY_PING_INTERVAL", default_value = "2s")]
-    pub ping_interval: String,
+    /// [default: 2s]
+    #[arg(long, env = "NATSPROXY_PING_INTERVAL", global = true)]
+    pub ping_interval: Option<String>,
 
-    /// Timeout of one upstream TCP connect.
-    #[arg(long, env = "NATSPROXY_CONNECT_TIMEOUT", default_value = "2s")]
-    pub connect_timeout: String,
+    /// Timeout of one upstream TCP connect. [default: 2s]
+    #[arg(long, env = "NATSPROXY_CONNECT_TIMEOUT", global = true)]
+    pub connect_timeout: Option<String>,
 
-    /// Maximum concurrent client connections; more are refused with
-    /// -ERR 'maximum connections exceeded'.
-    #[arg(long, env = "NATSPROXY_MAX_CLIENTS", default_value_t = config::DEFAULT_MAX_CLIENTS)]
-    pub max_clients: usize,
+    /// Bound: concurrent client connections; more are refused with
+    /// -ERR 'maximum connections exceeded'. [default: 1024]
+    #[arg(long, env = "NATSPROXY_MAX_CLIENTS", global = true)]
+    pub max_clients: Option<String>,
 
-    /// Bytes queued toward one client before it is closed as a slow consumer.
-    #[arg(long, env = "NATSPROXY_MAX_CLIENT_PENDING", default_value = "64MiB")]
-    pub max_client_pending: String,
+    /// Bound: bytes queued toward one client; past it the client is closed as a slow
+    /// consumer, as nats-server does. [default: 64MiB]
+    #[arg(long, env = "NATSPROXY_MAX_CLIENT_PENDING", global = true)]
+    pub max_client_pending: Option<String>,
 
-    /// Bytes of client traffic buffered toward the upstream; past it the proxy stops
-    /// reading from the client until the upstream drains.
-    #[arg(long, env = "NATSPROXY_MAX_BACKLOG", default_value = "8MiB")]
-    pub max_backlog: String,
+    /// Bound: client bytes buffered toward the upstream (during a switch or an outage, and
+    /// publishes not yet confirmed); past it the client is not read until it drains.
+    /// [default: 8MiB]
+    #[arg(long, env = "NATSPROXY_MAX_BACKLOG", global = true)]
+    pub max_backlog: Option<String>,
 
     /// How long the new upstream's subscriptions get to propagate through the cluster
-    /// before the old upstream's are removed during a lame-duck migration.
-    #[arg(long, env = "NATSPROXY_SETTLE", default_value = "250ms")]
-    pub settle: String,
+    /// before the old upstream's are removed during a lame-duck migration. [default: 250ms]
+    #[arg(long, env = "NATSPROXY_SETTLE", global = true)]
+    pub settle: Option<String>,
 
-    /// With no upstream reachable for this long, the client is closed with -ERR so that
+    /// With no upstream reachable for this long the client is closed with -ERR, so that
     /// its own reconnect logic takes over. Meanwhile its publishes are buffered (up to
-    /// --max-backlog) and its PINGs answered.
-    #[arg(long, env = "NATSPROXY_MAX_OUTAGE", default_value = "2m")]
-    pub max_outage: String,
+    /// --max-backlog) and its PINGs answered. [default: 2m]
+    #[arg(long, env = "NATSPROXY_MAX_OUTAGE", global = true)]
+    pub max_outage: Option<String>,
 
-    /// Time connections get to finish on SIGTERM/SIGINT.
-    #[arg(long, env = "NATSPROXY_SHUTDOWN_GRACE", default_value = "5s")]
-    pub shutdown_grace: String,
+    /// Time connections get to finish on SIGTERM/SIGINT. [default: 5s]
+    #[arg(long, env = "NATSPROXY_SHUTDOWN_GRACE", global = true)]
+    pub shutdown_grace: Option<String>,
 
-    /// Log filter (error, warn, info, debug, trace, or a tracing EnvFilter directive).
-    #[arg(long, env = "NATSPROXY_LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
+    /// Log filter: error, warn, info, debug, trace, or a tracing directive. [default: info]
+    #[arg(long, env = "NATSPROXY_LOG_LEVEL", global = true)]
+    pub log_level: Option<String>,
 
-    /// Log format.
-    #[arg(long, env = "NATSPROXY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
-    pub log_format: LogFormat,
+    /// Log format. [default: human]
+    #[arg(long, env = "NATSPROXY_LOG_FORMAT", value_enum, global = true)]
+    pub log_format: Option<LogFormat>,
 }
 
 /// Log output format.
@@ -84,11 +128,112 @@ pub enum LogFormat {
     Json,
 }
 
-impl Cli {
-    /// Validates the flags into a [`Config`].
-    pub fn into_config(self) -> Result<Config, ConfigError> {
-        let upstreams = self
-            .upstreams
+/// Everything the binary needs: the proxy configuration and logging.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub config: Config,
+    pub log_level: String,
+    pub log_format: LogFormat,
+}
+
+/// Keys of the configuration file.
+const FILE_KEYS: &[&str] = &[
+    "listen",
+    "upstream",
+    "metrics_listen",
+    "ping_interval",
+    "connect_timeout",
+    "max_clients",
+    "max_client_pending",
+    "max_backlog",
+    "settle",
+    "max_outage",
+    "shutdown_grace",
+    "log_level",
+    "log_format",
+];
+
+/// The configuration file, as strings keyed by option.
+fn read_file(path: &PathBuf) -> Result<toml::Table, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+        path: path.display().to_string(),
+        why: e.to_string(),
+    })?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| ConfigError::File {
+            path: path.display().to_string(),
+            why: e.to_string(),
+        })?;
+    for k in table.keys() {
+        if !FILE_KEYS.contains(&k.as_str()) {
+            return Err(ConfigError::File {
+                path: path.display().to_string(),
+                why: format!("unknown key `{k}`; known keys: {}", FILE_KEYS.join(", ")),
+            });
+        }
+    }
+    Ok(table)
+}
+
+/// A file value as a string (numbers and strings alike).
+fn file_str(t: &toml::Table, k: &'static str) -> Result<Option<String>, ConfigError> {
+    match t.get(k) {
+        None => Ok(None),
+        Some(toml::Value::String(s)) => Ok(Some(s.clone())),
+        Some(toml::Value::Integer(i)) => Ok(Some(i.to_string())),
+        Some(other) => Err(ConfigError::FileValue {
+            key: k,
+            why: format!("expected a string or a number, found {}", other.type_str()),
+        }),
+    }
+}
+
+fn file_list(t: &toml::Table, k: &'static str) -> Result<Vec<String>, ConfigError> {
+    match t.get(k) {
+        None => Ok(Vec::new()),
+        Some(toml::Value::String(s)) => Ok(s.split(',').map(str::to_owned).collect()),
+        Some(toml::Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| ConfigError::FileValue {
+                        key: k,
+                        why: "expected a list of URL strings".into(),
+                    })
+            })
+            .collect(),
+        Some(other) => Err(ConfigError::FileValue {
+            key: k,
+            why: format!(
+                "expected a URL string or a list of them, found {}",
+                other.type_str()
+            ),
+        }),
+    }
+}
+
+impl Opts {
+    /// Merges flag/env values over the file over the defaults, and validates.
+    pub fn settings(&self) -> Result<Settings, ConfigError> {
+        let file = match &self.config {
+            Some(p) => read_file(p)?,
+            None => toml::Table::new(),
+        };
+        let pick =
+            |cli: &Option<String>, key: &'static str| -> Result<Option<String>, ConfigError> {
+                match cli {
+                    Some(v) => Ok(Some(v.clone())),
+                    None => file_str(&file, key),
+                }
+            };
+        let upstreams = if self.upstreams.iter().any(|u| !u.trim().is_empty()) {
+            self.upstreams.clone()
+        } else {
+            file_list(&file, "upstream")?
+        };
+        let upstreams = upstreams
             .iter()
             .filter(|u| !u.trim().is_empty())
             .map(|u| UpstreamUrl::parse(u.trim()))
@@ -96,16 +241,104 @@ impl Cli {
         if upstreams.is_empty() {
             return Err(ConfigError::NoUpstream);
         }
-        let mut c = Config::new(self.listen, upstreams);
-        c.ping_interval = config::parse_duration("--ping-interval", &self.ping_interval)?;
-        c.connect_timeout = config::parse_duration("--connect-timeout", &self.connect_timeout)?;
-        c.shutdown_grace = config::parse_duration("--shutdown-grace", &self.shutdown_grace)?;
-        c.settle = config::parse_duration("--settle", &self.settle)?;
-        c.max_outage = config::parse_duration("--max-outage", &self.max_outage)?;
-        c.max_clients = self.max_clients;
-        c.max_client_pending =
-            config::parse_size("--max-client-pending", &self.max_client_pending)?;
-        c.max_backlog = config::parse_size("--max-backlog", &self.max_backlog)?;
-        Ok(c)
+        let listen = pick(&self.listen, "listen")?.unwrap_or_else(|| config::DEFAULT_LISTEN.into());
+        let listen: SocketAddr = listen.parse().map_err(|_| ConfigError::Address {
+            field: "listen",
+            value: listen.clone(),
+        })?;
+        let mut c = Config::new(listen, upstreams);
+        if let Some(m) = pick(&self.metrics_listen, "metrics_listen")? {
+            c.metrics_listen = Some(m.parse().map_err(|_| ConfigError::Address {
+                field: "metrics_listen",
+                value: m.clone(),
+            })?);
+        }
+        let dur = |cli: &Option<String>, key: &'static str, d| -> Result<_, ConfigError> {
+            pick(cli, key)?.map_or(Ok(d), |v| config::parse_duration(key, &v))
+        };
+        let size = |cli: &Option<String>, key: &'static str, d| -> Result<_, ConfigError> {
+            pick(cli, key)?.map_or(Ok(d), |v| config::parse_size(key, &v))
+        };
+        c.ping_interval = dur(&self.ping_interval, "ping_interval", c.ping_interval)?;
+        c.connect_timeout = dur(&self.connect_timeout, "connect_timeout", c.connect_timeout)?;
+        c.settle = dur(&self.settle, "settle", c.settle)?;
+        c.max_outage = dur(&self.max_outage, "max_outage", c.max_outage)?;
+        c.shutdown_grace = dur(&self.shutdown_grace, "shutdown_grace", c.shutdown_grace)?;
+        c.max_client_pending = size(
+            &self.max_client_pending,
+            "max_client_pending",
+            c.max_client_pending,
+        )?;
+        c.max_backlog = size(&self.max_backlog, "max_backlog", c.max_backlog)?;
+        if let Some(v) = pick(&self.max_clients, "max_clients")? {
+            c.max_clients =
+                v.trim()
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or(ConfigError::Number {
+                        field: "max_clients",
+                        value: v.clone(),
+                    })?;
+        }
+        if c.ping_interval.is_zero() {
+            return Err(ConfigError::Duration {
+                field: "ping_interval",
+                value: "0".into(),
+            });
+        }
+        let log_level = pick(&self.log_level, "log_level")?.unwrap_or_else(|| "info".into());
+        let log_format = match (self.log_format, file_str(&file, "log_format")?) {
+            (Some(f), _) => f,
+            (None, Some(s)) => {
+                LogFormat::from_str(&s, true).map_err(|_| ConfigError::FileValue {
+                    key: "log_format",
+                    why: format!("`{s}`: use human or json"),
+                })?
+            }
+            (None, None) => LogFormat::Human,
+        };
+        Ok(Settings {
+            config: c,
+            log_level,
+            log_format,
+        })
+    }
+}
+
+impl Settings {
+    /// The effective configuration as TOML, with passwords and tokens masked.
+    pub fn render(&self) -> String {
+        let c = &self.config;
+        let ups: Vec<String> = c
+            .upstreams
+            .iter()
+            .map(|u| format!("\"{}\"", u.masked()))
+            .collect();
+        let d = |x: std::time::Duration| format!("\"{}ms\"", x.as_millis());
+        let mut out = String::new();
+        out += &format!("listen = \"{}\"\n", c.listen);
+        out += &format!("upstream = [{}]\n", ups.join(", "));
+        match c.metrics_listen {
+            Some(a) => out += &format!("metrics_listen = \"{a}\"\n"),
+            None => out += "# metrics_listen: not set (no /metrics, /healthz, /readyz)\n",
+        }
+        out += &format!("ping_interval = {}\n", d(c.ping_interval));
+        out += &format!("connect_timeout = {}\n", d(c.connect_timeout));
+        out += &format!("max_clients = {}\n", c.max_clients);
+        out += &format!("max_client_pending = {}\n", c.max_client_pending);
+        out += &format!("max_backlog = {}\n", c.max_backlog);
+        out += &format!("settle = {}\n", d(c.settle));
+        out += &format!("max_outage = {}\n", d(c.max_outage));
+        out += &format!("shutdown_grace = {}\n", d(c.shutdown_grace));
+        out += &format!("log_level = \"{}\"\n", self.log_level);
+        out += &format!(
+            "log_format = \"{}\"\n",
+            match self.log_format {
+                LogFormat::Human => "human",
+                LogFormat::Json => "json",
+            }
+        );
+        out
     }
 }

@@ -37,10 +37,18 @@ pub enum ConfigError {
     Upstream { url: String, why: &'static str },
     #[error("no upstream given: pass --upstream nats://host:4222 (or NATSPROXY_UPSTREAM)")]
     NoUpstream,
-    #[error("{field}: `{value}` is not a duration (use e.g. 500ms, 2s, 2m)")]
+    #[error("--{} / {field}: `{value}` is not a duration (use e.g. 500ms, 2s, 2m)", field.replace('_', "-"))]
     Duration { field: &'static str, value: String },
-    #[error("{field}: `{value}` is not a size (use e.g. 65536, 512KiB, 8MiB)")]
+    #[error("--{} / {field}: `{value}` is not a size (use e.g. 65536, 512KiB, 8MiB)", field.replace('_', "-"))]
     Size { field: &'static str, value: String },
+    #[error("--{} / {field}: `{value}` is not a positive whole number", field.replace('_', "-"))]
+    Number { field: &'static str, value: String },
+    #[error("--{} / {field}: `{value}` is not an address (use ip:port, e.g. 127.0.0.1:4222)", field.replace('_', "-"))]
+    Address { field: &'static str, value: String },
+    #[error("configuration file {path}: {why}")]
+    File { path: String, why: String },
+    #[error("configuration file, key `{key}`: {why}")]
+    FileValue { key: &'static str, why: String },
 }
 
 impl UpstreamUrl {
@@ -103,6 +111,17 @@ impl UpstreamUrl {
     }
 }
 
+impl UpstreamUrl {
+    /// The URL with any password or token masked.
+    pub fn masked(&self) -> String {
+        match &self.credentials {
+            None => format!("nats://{}", self.addr),
+            Some(Credentials::UserPass { user, .. }) => format!("nats://{user}:***@{}", self.addr),
+            Some(Credentials::Token(_)) => format!("nats://***@{}", self.addr),
+        }
+    }
+}
+
 /// Replaces the credentials part of a URL with `***` for messages and logs.
 pub fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
@@ -162,6 +181,8 @@ pub fn parse_size(field: &'static str, v: &str) -> Result<usize, ConfigError> {
 pub struct Config {
     pub listen: SocketAddr,
     pub upstreams: Vec<UpstreamUrl>,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (off when None).
+    pub metrics_listen: Option<SocketAddr>,
     pub ping_interval: Duration,
     pub connect_timeout: Duration,
     pub max_clients: usize,
@@ -180,6 +201,7 @@ impl Config {
         Config {
             listen,
             upstreams,
+            metrics_listen: None,
             ping_interval: DEFAULT_PING_INTERVAL,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_clients: DEFAULT_MAX_CLIENTS,

@@ -11,6 +11,8 @@
 
 pub mod cli;
 pub mod config;
+pub mod demo;
+pub mod metrics;
 pub mod proto;
 pub mod proxy;
 pub mod session;

@@ -1,23 +1,31 @@
-//! natsproxy binary: parse flags, set up logging, run the proxy until a signal.
+//! natsproxy binary: parse flags (and env, and the config file), set up logging, run.
 
 use clap::Parser;
 use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 
-use natsproxy::cli::Cli;
+use natsproxy::cli::{Cli, Command};
 use natsproxy::proxy::Proxy;
-use natsproxy::{shutdown, telemetry};
+use natsproxy::{demo, shutdown, telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    telemetry::init(&cli.log_level, cli.log_format);
-    let cfg = match cli.into_config() {
-        Ok(c) => c,
+    if let Some(Command::Demo(args)) = &cli.command {
+        return demo::main(args);
+    }
+    let settings = match cli.opts.settings() {
+        Ok(s) => s,
         Err(e) => {
             eprintln!("natsproxy: configuration error: {e}");
             return ExitCode::from(2);
         }
     };
+    if let Some(Command::CheckConfig) = cli.command {
+        print!("{}", settings.render());
+        return ExitCode::SUCCESS;
+    }
+    telemetry::init(&settings.log_level, settings.log_format);
+    let cfg = settings.config;
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -34,7 +42,7 @@ fn main() -> ExitCode {
         let proxy = match Proxy::bind(cfg).await {
             Ok(p) => p,
             Err(e) => {
-                eprintln!("natsproxy: cannot listen on {listen}: {e}");
+                eprintln!("natsproxy: cannot listen on {listen} (or the metrics address): {e}");
                 return ExitCode::FAILURE;
             }
         };

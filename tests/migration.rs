@@ -308,17 +308,17 @@ async fn rolling_lame_duck_restart_is_invisible_to_clients() {
     assert!(elsewhere > 100, "the echo publisher's messages flowed");
     assert_eq!(echoed, 0, "echo:false client got its own messages");
     assert_eq!(
-        proxy.stats.clients_accepted.load(Ordering::Relaxed),
+        proxy.stats.clients_accepted.get(),
         4,
         "no client reconnected"
     );
-    let migrations = proxy.stats.migrations.load(Ordering::Relaxed);
-    let failovers = proxy.stats.failovers.load(Ordering::Relaxed);
+    let migrations = proxy.stats.migrations.get();
+    let failovers = proxy.stats.failovers.get();
     let switch = Duration::from_micros(proxy.stats.max_switch_us.load(Ordering::Relaxed));
     println!(
         "migrations {migrations}, failovers {failovers}, longest ldm-to-switch {switch:?}, duplicates suppressed {}, possible duplicates {}",
-        proxy.stats.duplicates_suppressed.load(Ordering::Relaxed),
-        proxy.stats.possible_duplicates.load(Ordering::Relaxed)
+        proxy.stats.duplicates_suppressed.get(),
+        proxy.stats.possible_duplicates.get()
     );
     assert_eq!(migrations, 12, "4 clients moved at each of 3 lame ducks");
     assert_eq!(failovers, 0, "every move was make-before-break");
@@ -436,7 +436,7 @@ async fn fault_of_current_node(stop_node: bool) -> Duration {
         r.max_gap
     );
     assert_eq!(
-        proxy.stats.clients_accepted.load(Ordering::Relaxed),
+        proxy.stats.clients_accepted.get(),
         1,
         "the client never reconnected"
     );
@@ -457,4 +457,183 @@ async fn sigstop_of_the_current_node_is_detected_by_pings() {
     let resumed = fault_of_current_node(true).await;
     // Detection: a PING unanswered for 2 × 2 s, sent at most 2 s after the fault; then a dial.
     assert!(resumed < Duration::from_secs(8), "{resumed:?}");
+}
+
+/// GET on the proxy's metrics endpoint: (status code, body).
+async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut b = Vec::new();
+    s.read_to_end(&mut b).await.unwrap();
+    let text = String::from_utf8_lossy(&b).to_string();
+    let code = text[9..12].parse().unwrap();
+    (
+        code,
+        text.split_once("\r\n\r\n")
+            .map(|x| x.1.to_string())
+            .unwrap_or_default(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_move_and_readiness_holds_through_a_migration() {
+    init_logs();
+    let mut cluster = Cluster::start(ClusterOpts {
+        nodes: 3,
+        jetstream: false,
+        publisher_node: true,
+    })
+    .await;
+    let proxy = TestProxy::start_with(&cluster.urls(), |c| {
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap())
+    })
+    .await;
+    let m = proxy.metrics_addr.unwrap();
+    assert_eq!(get(m, "/healthz").await.0, 200);
+    assert_eq!(get(m, "/nope").await.0, 404);
+    let c = async_nats::ConnectOptions::new()
+        .name("metered")
+        .connect(proxy.url())
+        .await
+        .unwrap();
+    let publisher = async_nats::connect(cluster.publisher.as_ref().unwrap().url())
+        .await
+        .unwrap();
+    let mut sub = c.subscribe("m").await.unwrap();
+    wait_flowing(&publisher, "m", &mut sub).await;
+    let (code, body) = get(m, "/metrics").await;
+    assert_eq!(code, 200);
+    let first = cluster.nodes[0].addr();
+    assert_eq!(
+        metric(&body, "natsproxy_client_connections"),
+        Some(1.0),
+        "{body}"
+    );
+    assert_eq!(
+        metric(
+            &body,
+            &format!("natsproxy_upstream_connections{{node=\"{first}\"}}")
+        ),
+        Some(1.0),
+        "{body}"
+    );
+    assert!(
+        metric(
+            &body,
+            "natsproxy_messages_total{direction=\"upstream_to_client\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "{body}"
+    );
+    assert!(
+        metric(
+            &body,
+            "natsproxy_bytes_total{direction=\"client_to_upstream\"}"
+        )
+        .unwrap_or(0.0)
+            > 0.0,
+        "{body}"
+    );
+    assert_eq!(get(m, "/readyz").await.0, 200);
+
+    // Probe readiness every 20 ms while the node leaves.
+    let stop = Arc::new(AtomicBool::new(false));
+    let probes = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let (mut ok, mut bad) = (0u32, 0u32);
+            while !stop.load(Ordering::Relaxed) {
+                if get(m, "/readyz").await.0 == 200 {
+                    ok += 1;
+                } else {
+                    bad += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (ok, bad)
+        })
+    };
+    cluster.lame_duck(0);
+    let body = within(
+        Duration::from_secs(20),
+        "the migration to show in /metrics",
+        async {
+            loop {
+                let (_, body) = get(m, "/metrics").await;
+                if metric(
+                    &body,
+                    "natsproxy_migrations_by_reason_total{reason=\"ldm\"}",
+                ) == Some(1.0)
+                {
+                    return body;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        metric(
+            &body,
+            "natsproxy_migration_duration_seconds_count{reason=\"ldm\"}"
+        ),
+        Some(1.0),
+        "{body}"
+    );
+    assert!(
+        metric(&body, "natsproxy_subscriptions_replayed_total").unwrap_or(0.0) >= 1.0,
+        "{body}"
+    );
+    // The old link is retired after the settle delay.
+    within(Duration::from_secs(10), "old upstream retired", async {
+        loop {
+            let (_, body) = get(m, "/metrics").await;
+            if metric(
+                &body,
+                &format!("natsproxy_upstream_connections{{node=\"{first}\"}}"),
+            ) == Some(0.0)
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let (_, body) = get(m, "/metrics").await;
+    let elsewhere: f64 = body
+        .lines()
+        .filter(|l| l.starts_with("natsproxy_upstream_connections{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(
+        elsewhere, 1.0,
+        "one upstream link, on another node:\n{body}"
+    );
+    assert!(metric(&body, "natsproxy_upstream_rtt_seconds_count").unwrap_or(0.0) >= 0.0);
+    publisher.publish("m", "after".into()).await.unwrap();
+    publisher.flush().await.unwrap();
+    within(
+        Duration::from_secs(5),
+        "traffic after the migration",
+        async {
+            while sub
+                .next()
+                .await
+                .map(|m| m.payload != "after".as_bytes())
+                .unwrap_or(false)
+            {}
+        },
+    )
+    .await;
+    // Keep probing until the old node has exited.
+    cluster.wait_exit(0, Duration::from_secs(40)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (ok, bad) = probes.await.unwrap();
+    println!("/readyz during the migration: {ok} × 200, {bad} × other");
+    assert_eq!(bad, 0, "readiness flapped");
+    assert!(ok > 10);
 }

@@ -299,13 +299,7 @@ async fn many_concurrent_clients() {
         }
     })
     .await;
-    assert_eq!(
-        proxy
-            .stats
-            .clients_accepted
-            .load(std::sync::atomic::Ordering::Relaxed),
-        CLIENTS as u64
-    );
+    assert_eq!(proxy.stats.clients_accepted.get(), CLIENTS as u64);
     drop(server);
 }
 

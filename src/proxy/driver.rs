@@ -26,7 +26,8 @@ use tracing::{debug, info, warn};
 
 use super::Stats;
 use crate::config::Config;
-use crate::session::{Action, CloseReason, Epoch, Session, SessionStats};
+use crate::metrics::{BufferLabel, DirectionLabel, NodeLabel, ReasonLabel};
+use crate::session::{Action, CloseReason, Epoch, Session, SessionEvent, SessionStats};
 
 /// Spare capacity ensured before each read.
 const READ_CHUNK: usize = 64 * 1024;
@@ -80,12 +81,26 @@ impl Conn {
 
 struct Upstream {
     epoch: Epoch,
+    /// `host:port`, the metrics label.
+    addr: String,
     conn: Conn,
     /// Close once the write buffer is flushed.
     closing: bool,
 }
 
 type DialFuture = Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send>>;
+
+/// What this driver last reported to the process-wide gauges and counters.
+#[derive(Default)]
+struct Reported {
+    stats: SessionStats,
+    buffers: [i64; 4],
+    has_upstream: bool,
+    bytes_to_client: u64,
+    bytes_to_upstream: u64,
+}
+
+const BUFFERS: [&str; 4] = ["client_out", "upstream_out", "backlog", "hold"];
 
 enum Event {
     Shutdown,
@@ -94,7 +109,7 @@ enum Event {
     ClientFlushedAndClosing,
     UpstreamData(Epoch),
     UpstreamLost(Epoch),
-    Dialed(Epoch, io::Result<TcpStream>),
+    Dialed(Epoch, String, io::Result<TcpStream>),
     Timer,
 }
 
@@ -105,13 +120,15 @@ struct Driver<'a> {
     client: Conn,
     client_closing: Option<CloseReason>,
     ups: Vec<Upstream>,
-    dials: Vec<(Epoch, DialFuture)>,
+    dials: Vec<(Epoch, String, DialFuture)>,
     timer: Pin<Box<Sleep>>,
     timer_at: Option<Instant>,
     /// Alternates which side is read first, so neither starves the other.
     upstream_first: bool,
-    /// Session counters already added to `stats`.
-    stats_seen: SessionStats,
+    /// What was already added to `stats`.
+    reported: Reported,
+    bytes_to_client: u64,
+    bytes_to_upstream: u64,
 }
 
 /// Serves one client until it or the session closes, or shutdown.
@@ -133,9 +150,13 @@ pub(super) async fn serve(
         timer: Box::pin(tokio::time::sleep_until(now + Duration::from_secs(3600))),
         timer_at: None,
         upstream_first: false,
-        stats_seen: SessionStats::default(),
+        reported: Reported::default(),
+        bytes_to_client: 0,
+        bytes_to_upstream: 0,
     };
     d.run(shutdown).await;
+    d.sync_stats();
+    d.unreport();
 }
 
 impl Driver<'_> {
@@ -180,9 +201,7 @@ impl Driver<'_> {
                             .handle_upstream_bytes(epoch, &mut u.conn.rbuf, now);
                     }
                     if self.client.wbuf.len() > self.cfg.max_client_pending {
-                        self.stats
-                            .slow_consumers
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        self.stats.slow_consumers.inc();
                         warn!(
                             pending = self.client.wbuf.len(),
                             "slow consumer: closing client"
@@ -193,21 +212,27 @@ impl Driver<'_> {
                     }
                 }
                 Event::UpstreamLost(epoch) => {
-                    self.ups.retain(|u| u.epoch != epoch);
+                    if let Some(i) = self.ups.iter().position(|u| u.epoch == epoch) {
+                        let u = self.ups.swap_remove(i);
+                        self.upstream_gone(&u);
+                    }
                     self.session.handle_upstream_lost(epoch, now);
                 }
-                Event::Dialed(epoch, Ok(stream)) => {
+                Event::Dialed(epoch, addr, Ok(stream)) => {
+                    self.stats.upstream_connects.inc();
                     self.stats
-                        .upstream_connects
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        .upstream_connections
+                        .get_or_create(&NodeLabel { node: addr.clone() })
+                        .inc();
                     self.ups.push(Upstream {
                         epoch,
+                        addr,
                         conn: Conn::new(stream),
                         closing: false,
                     });
                     self.session.handle_upstream_connected(epoch, now);
                 }
-                Event::Dialed(epoch, Err(e)) => {
+                Event::Dialed(epoch, _, Err(e)) => {
                     info!(%epoch, error = %e, "upstream dial failed");
                     self.session.handle_upstream_lost(epoch, now);
                 }
@@ -219,13 +244,89 @@ impl Driver<'_> {
         }
     }
 
-    /// Adds the session's new counts to the process-wide ones (cheap: a struct compare).
+    /// Adds what changed since the last report to the process-wide metrics (cheap: a
+    /// few compares; atomics only for what changed).
     fn sync_stats(&mut self) {
+        let st = self.stats;
         let now = self.session.stats();
-        if *now != self.stats_seen {
-            self.stats.add_session(&self.stats_seen, now);
-            self.stats_seen = now.clone();
+        if *now != self.reported.stats {
+            st.add_session(&self.reported.stats, now);
+            self.reported.stats = now.clone();
         }
+        while let Some(e) = self.session.poll_event() {
+            match e {
+                SessionEvent::Moved { reason, took } => {
+                    let l = ReasonLabel {
+                        reason: reason.to_string(),
+                    };
+                    st.migrations_by_reason.get_or_create(&l).inc();
+                    st.migration_seconds
+                        .get_or_create(&l)
+                        .observe(took.as_secs_f64());
+                }
+                SessionEvent::Rtt(d) => st.upstream_rtt_seconds.observe(d.as_secs_f64()),
+            }
+        }
+        let (backlog, hold) = self.session.buffered();
+        let upstream_out: usize = self.ups.iter().map(|u| u.conn.wbuf.len()).sum();
+        let cur = [self.client.wbuf.len(), upstream_out, backlog, hold].map(|v| v as i64);
+        for (i, (&c, r)) in cur.iter().zip(self.reported.buffers.iter_mut()).enumerate() {
+            if c != *r {
+                st.buffered_bytes
+                    .get_or_create(&BufferLabel { buffer: BUFFERS[i] })
+                    .inc_by(c - *r);
+                *r = c;
+            }
+        }
+        let has = self.session.has_upstream();
+        if has != self.reported.has_upstream {
+            if has {
+                st.sessions_with_upstream.inc();
+            } else {
+                st.sessions_with_upstream.dec();
+            }
+            self.reported.has_upstream = has;
+        }
+        let dir = |d| DirectionLabel { direction: d };
+        if self.bytes_to_client != self.reported.bytes_to_client {
+            st.bytes
+                .get_or_create(&dir("upstream_to_client"))
+                .inc_by(self.bytes_to_client - self.reported.bytes_to_client);
+            self.reported.bytes_to_client = self.bytes_to_client;
+        }
+        if self.bytes_to_upstream != self.reported.bytes_to_upstream {
+            st.bytes
+                .get_or_create(&dir("client_to_upstream"))
+                .inc_by(self.bytes_to_upstream - self.reported.bytes_to_upstream);
+            self.reported.bytes_to_upstream = self.bytes_to_upstream;
+        }
+    }
+
+    /// Takes this driver's share out of the gauges when it ends.
+    fn unreport(&mut self) {
+        for u in std::mem::take(&mut self.ups) {
+            self.upstream_gone(&u);
+        }
+        for (i, r) in self.reported.buffers.iter_mut().enumerate() {
+            self.stats
+                .buffered_bytes
+                .get_or_create(&BufferLabel { buffer: BUFFERS[i] })
+                .dec_by(*r);
+            *r = 0;
+        }
+        if self.reported.has_upstream {
+            self.stats.sessions_with_upstream.dec();
+            self.reported.has_upstream = false;
+        }
+    }
+
+    fn upstream_gone(&self, u: &Upstream) {
+        self.stats
+            .upstream_connections
+            .get_or_create(&NodeLabel {
+                node: u.addr.clone(),
+            })
+            .dec();
     }
 
     fn arm_timer(&mut self) {
@@ -243,23 +344,26 @@ impl Driver<'_> {
             match a {
                 Action::ToClient(b) => {
                     if self.client_closing.is_none() {
+                        self.bytes_to_client += b.len() as u64;
                         self.client.wbuf.extend_from_slice(&b);
                     }
                 }
                 Action::ToUpstream(epoch, b) => {
                     if let Some(u) = self.ups.iter_mut().find(|u| u.epoch == epoch) {
+                        self.bytes_to_upstream += b.len() as u64;
                         u.conn.wbuf.extend_from_slice(&b);
                     }
                 }
                 Action::Dial { epoch, addr } => {
                     let timeout = self.cfg.connect_timeout;
+                    let addr_label = addr.clone();
                     let fut = async move {
                         match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
                             Ok(r) => r,
                             Err(_) => Err(io::ErrorKind::TimedOut.into()),
                         }
                     };
-                    self.dials.push((epoch, Box::pin(fut)));
+                    self.dials.push((epoch, addr_label, Box::pin(fut)));
                 }
                 Action::CloseUpstream(epoch) => {
                     self.dials.retain(|d| d.0 != epoch);
@@ -300,7 +404,8 @@ impl Driver<'_> {
             match u.conn.poll_flush_buf(cx) {
                 Poll::Ready(Err(_)) => return Poll::Ready(Event::UpstreamLost(u.epoch)),
                 Poll::Ready(Ok(())) if u.closing => {
-                    self.ups.swap_remove(i);
+                    let u = self.ups.swap_remove(i);
+                    self.upstream_gone(&u);
                     continue;
                 }
                 _ => {}
@@ -324,9 +429,9 @@ impl Driver<'_> {
             }
         }
         for i in 0..self.dials.len() {
-            if let Poll::Ready(r) = self.dials[i].1.as_mut().poll(cx) {
-                let (epoch, _) = self.dials.swap_remove(i);
-                return Poll::Ready(Event::Dialed(epoch, r));
+            if let Poll::Ready(r) = self.dials[i].2.as_mut().poll(cx) {
+                let (epoch, addr, _) = self.dials.swap_remove(i);
+                return Poll::Ready(Event::Dialed(epoch, addr, r));
             }
         }
         if self.timer_at.is_some() && self.timer.as_mut().poll(cx).is_ready() {

@@ -172,6 +172,19 @@ pub struct SessionStats {
     pub pulls_reissued: u64,
     /// Statuses kept from the client (503 and others its library turns into errors).
     pub statuses_shielded: u64,
+    /// Messages relayed to the client.
+    pub msgs_to_client: u64,
+    /// Messages (publishes) relayed upstream.
+    pub msgs_to_upstream: u64,
+}
+
+/// Something the driver reports to metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// Client traffic flows on a new upstream: trigger-to-switch time.
+    Moved { reason: Reason, took: Duration },
+    /// Round trip of a keepalive PING.
+    Rtt(Duration),
 }
 
 /// Client-facing progress.
@@ -250,7 +263,12 @@ pub struct Session {
     pulls: PullTracker,
     /// Re-issue every tracked pull request once a new primary is up (hard failover).
     reissue_pulls: bool,
+    /// Events for metrics; bounded (oldest dropped past [`MAX_EVENTS`]).
+    events: VecDeque<SessionEvent>,
 }
+
+/// Bound of undrained metric events.
+pub const MAX_EVENTS: usize = 64;
 
 impl Session {
     /// A session for a freshly accepted client; the first action dials an upstream.
@@ -288,6 +306,7 @@ impl Session {
             stats: SessionStats::default(),
             pulls: PullTracker::default(),
             reissue_pulls: false,
+            events: VecDeque::new(),
         };
         s.start_dial();
         s
@@ -351,6 +370,31 @@ impl Session {
     /// The address of the current primary upstream, if any.
     pub fn upstream_addr(&self) -> Option<&str> {
         self.primary.as_ref().map(|l| l.addr.as_str())
+    }
+
+    /// The next event for metrics.
+    pub fn poll_event(&mut self) -> Option<SessionEvent> {
+        self.events.pop_front()
+    }
+
+    fn event(&mut self, e: SessionEvent) {
+        if self.events.len() >= MAX_EVENTS {
+            self.events.pop_front();
+        }
+        self.events.push_back(e);
+    }
+
+    /// True when the client's traffic has a working upstream now.
+    pub fn has_upstream(&self) -> bool {
+        self.primary.as_ref().is_some_and(Link::established)
+    }
+
+    /// Bytes waiting in the backlog and held back during an overlap.
+    pub fn buffered(&self) -> (usize, usize) {
+        (
+            self.backlog_bytes,
+            self.dedup.as_ref().map_or(0, Dedup::held_bytes),
+        )
     }
 
     /// True while a migration or failover is in progress.
@@ -508,6 +552,7 @@ impl Session {
     }
 
     fn on_pub(&mut self, m: Message) {
+        self.stats.msgs_to_upstream += 1;
         if self.opts.pedantic && !subject::is_valid_literal_subject(m.subject()) {
             // nats-server complains but still processes the message.
             self.send_client(encode::err("Invalid Publish Subject"));
@@ -905,6 +950,8 @@ impl Session {
             let took = self.now.saturating_duration_since(m.started);
             info!(reason = %m.reason, from = %m.from, to = %p.addr, resumed_ms = took.as_millis() as u64,
                 subscriptions = self.subs.len(), "failover: traffic resumed on a new upstream");
+            let reason = m.reason;
+            self.event(SessionEvent::Moved { reason, took });
         } else if let Some(p) = &self.primary {
             info!(upstream = %p.addr, server = %p.server_name(), "upstream connected");
         }
@@ -958,9 +1005,11 @@ impl Session {
             }
             PingOwner::Switch => self.complete_switch(),
             PingOwner::Drain => self.drained(),
-            PingOwner::Keepalive => {}
+            PingOwner::Keepalive => {
+                let rtt = now.saturating_duration_since(entry.sent_at);
+                self.event(SessionEvent::Rtt(rtt));
+            }
         }
-        let _ = now;
     }
 
     /// The new link's subscriptions are registered: barrier on the old link.
@@ -990,6 +1039,8 @@ impl Session {
             self.stats.last_switch = Some(took);
             info!(reason = %m.reason, from = %m.from, to = %p.addr, switch_ms = took.as_millis() as u64,
                 subscriptions = self.subs.len(), "migrated to a new upstream");
+            let reason = m.reason;
+            self.event(SessionEvent::Moved { reason, took });
         }
         self.maybe_drain();
     }
@@ -1088,6 +1139,7 @@ impl Session {
             return;
         }
         self.subs.delivered(m.sid());
+        self.stats.msgs_to_client += 1;
         if m.has_headers() && !self.opts.headers {
             // What nats-server does for clients without header support: strip them.
             let b = encode::msg(m.subject(), m.sid(), m.reply(), None, m.payload());

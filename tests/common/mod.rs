@@ -205,6 +205,8 @@ impl Drop for NatsServer {
 /// The proxy running in-process on a free port; stopped on drop.
 pub struct TestProxy {
     pub addr: SocketAddr,
+    /// The metrics endpoint, when the configuration enabled it.
+    pub metrics_addr: Option<SocketAddr>,
     pub stats: Arc<Stats>,
     token: CancellationToken,
     handle: Option<tokio::task::JoinHandle<()>>,
@@ -224,11 +226,13 @@ impl TestProxy {
         tweak(&mut cfg);
         let proxy = Proxy::bind(cfg).await.unwrap();
         let addr = proxy.local_addr().unwrap();
+        let metrics_addr = proxy.metrics_addr();
         let stats = proxy.stats();
         let token = CancellationToken::new();
         let handle = tokio::spawn(proxy.run(token.clone()));
         TestProxy {
             addr,
+            metrics_addr,
             stats,
             token,
             handle: Some(handle),
@@ -307,4 +311,11 @@ pub async fn raw_exchange(addr: SocketAddr, input: &[u8]) -> (String, bool) {
         String::from_utf8_lossy(&out).replace("PING\r\n", ""),
         closed,
     )
+}
+
+/// The value of one sample (`name{labels}`) in a Prometheus text exposition.
+pub fn metric(body: &str, sample: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
+        .and_then(|l| l[sample.len()..].trim().parse().ok())
 }

@@ -1,0 +1,272 @@
+//! Process-wide metrics, exposed in the Prometheus text format by `prometheus-client`.
+//!
+//! Per-client drivers add to these; nothing here is on the per-message path except
+//! batched adds (once per socket read or write batch).
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// `node` label: the upstream's `host:port`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabel {
+    pub node: String,
+}
+
+/// `reason` label: ldm, closed, stale, protocol.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+/// `direction` label: `client_to_upstream` or `upstream_to_client`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabel {
+    pub direction: &'static str,
+}
+
+/// `buffer` label: client_out, upstream_out, backlog, hold.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BufferLabel {
+    pub buffer: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn duration_histogram() -> Histogram {
+    // 0.5 ms … ~16 s
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// Every metric of the process.
+pub struct Stats {
+    registry: Registry,
+    pub clients_active: Gauge,
+    pub clients_accepted: Counter,
+    pub clients_refused: Counter,
+    pub upstream_connects: Counter,
+    pub upstream_connections: Family<NodeLabel, Gauge>,
+    pub migrations_by_reason: Family<ReasonLabel, Counter>,
+    pub migration_seconds: HistogramFamily<ReasonLabel>,
+    /// Completed make-before-break migrations.
+    pub migrations: Counter,
+    /// Primaries lost without warning.
+    pub failovers: Counter,
+    pub subs_replayed: Counter,
+    pub pulls_reissued: Counter,
+    pub statuses_shielded: Counter,
+    pub duplicates_suppressed: Counter,
+    pub possible_duplicates: Counter,
+    pub publishes_resent: Counter,
+    pub slow_consumers: Counter,
+    pub bytes: Family<DirectionLabel, Counter>,
+    pub messages: Family<DirectionLabel, Counter>,
+    pub buffered_bytes: Family<BufferLabel, Gauge>,
+    pub upstream_rtt_seconds: Histogram,
+    /// Clients whose session has a working upstream now.
+    pub sessions_with_upstream: Gauge,
+    /// 1 when /readyz answers 200.
+    pub ready: Gauge,
+    /// Longest lame-duck-INFO-to-switch time seen, in microseconds.
+    pub max_switch_us: AtomicU64,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Stats {
+    /// All metrics, registered under the `natsproxy` prefix.
+    pub fn new() -> Stats {
+        let mut r = Registry::with_prefix("natsproxy");
+        let s = Stats {
+            clients_active: Gauge::default(),
+            clients_accepted: Counter::default(),
+            clients_refused: Counter::default(),
+            upstream_connects: Counter::default(),
+            upstream_connections: Family::default(),
+            migrations_by_reason: Family::default(),
+            migration_seconds: Family::new_with_constructor(duration_histogram),
+            migrations: Counter::default(),
+            failovers: Counter::default(),
+            subs_replayed: Counter::default(),
+            pulls_reissued: Counter::default(),
+            statuses_shielded: Counter::default(),
+            duplicates_suppressed: Counter::default(),
+            possible_duplicates: Counter::default(),
+            publishes_resent: Counter::default(),
+            slow_consumers: Counter::default(),
+            bytes: Family::default(),
+            messages: Family::default(),
+            buffered_bytes: Family::default(),
+            upstream_rtt_seconds: duration_histogram(),
+            sessions_with_upstream: Gauge::default(),
+            ready: Gauge::default(),
+            max_switch_us: AtomicU64::new(0),
+            registry: Registry::default(),
+        };
+        r.register(
+            "client_connections",
+            "Client connections open now",
+            s.clients_active.clone(),
+        );
+        r.register(
+            "client_connections_accepted",
+            "Client connections accepted",
+            s.clients_accepted.clone(),
+        );
+        r.register(
+            "client_connections_refused",
+            "Client connections refused at --max-clients",
+            s.clients_refused.clone(),
+        );
+        r.register(
+            "upstream_connects",
+            "Upstream connections established",
+            s.upstream_connects.clone(),
+        );
+        r.register(
+            "upstream_connections",
+            "Upstream connections open now, by node",
+            s.upstream_connections.clone(),
+        );
+        r.register(
+            "migrations_by_reason",
+            "Moves to another upstream, by reason (ldm = make-before-break; closed, stale, protocol = failover)",
+            s.migrations_by_reason.clone(),
+        );
+        r.register(
+            "migration_duration_seconds",
+            "Time from the trigger (lame-duck INFO, loss) to client traffic flowing on the new upstream",
+            s.migration_seconds.clone(),
+        );
+        r.register(
+            "subscriptions_replayed",
+            "SUBs replayed on new upstream links",
+            s.subs_replayed.clone(),
+        );
+        r.register(
+            "pull_requests_reissued",
+            "JetStream pull requests re-sent by the proxy",
+            s.pulls_reissued.clone(),
+        );
+        r.register(
+            "statuses_shielded",
+            "JetStream statuses kept from clients (503 and others their library turns into errors)",
+            s.statuses_shielded.clone(),
+        );
+        r.register(
+            "duplicates_suppressed",
+            "Messages delivered by both links during a migration and forwarded once",
+            s.duplicates_suppressed.clone(),
+        );
+        r.register(
+            "possible_duplicates",
+            "Messages forwarded past the de-duplication bounds",
+            s.possible_duplicates.clone(),
+        );
+        r.register(
+            "publishes_resent",
+            "Client publishes written again after the link they were written on died unconfirmed",
+            s.publishes_resent.clone(),
+        );
+        r.register(
+            "slow_consumers",
+            "Clients closed as slow consumers",
+            s.slow_consumers.clone(),
+        );
+        r.register("bytes", "Bytes relayed, by direction", s.bytes.clone());
+        r.register(
+            "messages",
+            "Messages relayed, by direction",
+            s.messages.clone(),
+        );
+        r.register(
+            "buffered_bytes",
+            "Bytes held in buffers now, by buffer",
+            s.buffered_bytes.clone(),
+        );
+        r.register(
+            "upstream_rtt_seconds",
+            "Round trip of the proxy's PINGs to its upstreams",
+            s.upstream_rtt_seconds.clone(),
+        );
+        r.register(
+            "sessions_with_upstream",
+            "Clients whose session has a working upstream now",
+            s.sessions_with_upstream.clone(),
+        );
+        r.register("ready", "1 when /readyz answers 200", s.ready.clone());
+        Stats { registry: r, ..s }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Adds what a session counted since `before`.
+    pub(crate) fn add_session(
+        &self,
+        before: &crate::session::SessionStats,
+        now: &crate::session::SessionStats,
+    ) {
+        let add = |c: &Counter, a: u64, b: u64| {
+            if b > a {
+                c.inc_by(b - a);
+            }
+        };
+        add(&self.migrations, before.migrations, now.migrations);
+        add(&self.failovers, before.failovers, now.failovers);
+        add(&self.subs_replayed, before.subs_replayed, now.subs_replayed);
+        add(
+            &self.duplicates_suppressed,
+            before.duplicates_suppressed,
+            now.duplicates_suppressed,
+        );
+        add(
+            &self.possible_duplicates,
+            before.possible_duplicates,
+            now.possible_duplicates,
+        );
+        add(
+            &self.publishes_resent,
+            before.publishes_resent,
+            now.publishes_resent,
+        );
+        add(
+            &self.pulls_reissued,
+            before.pulls_reissued,
+            now.pulls_reissued,
+        );
+        add(
+            &self.statuses_shielded,
+            before.statuses_shielded,
+            now.statuses_shielded,
+        );
+        let dir = |d| DirectionLabel { direction: d };
+        add(
+            &self.messages.get_or_create(&dir("upstream_to_client")),
+            before.msgs_to_client,
+            now.msgs_to_client,
+        );
+        add(
+            &self.messages.get_or_create(&dir("client_to_upstream")),
+            before.msgs_to_upstream,
+            now.msgs_to_upstream,
+        );
+        if let Some(t) = now.last_switch {
+            self.max_switch_us
+                .fetch_max(t.as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! The metrics and health endpoint: `GET /metrics` (Prometheus text), `/healthz` (the
+//! process runs), `/readyz` (an upstream is reachable). A deliberately small HTTP/1.1
+//! responder: one request per connection, bounded request size and time.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::Stats;
+
+/// Largest request head read.
+const MAX_REQUEST: usize = 8 * 1024;
+/// Time a client gets to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the readiness probe dials when no client has a working upstream.
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(2);
+/// Readiness holds this long after the last evidence of a reachable upstream, so that it
+/// does not flap while nodes restart one by one.
+pub const READY_HOLD: Duration = Duration::from_secs(10);
+
+/// Readiness: an upstream answered recently (a client's session has one, or the probe
+/// reached one).
+pub struct Readiness {
+    last_ok: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Readiness {
+    pub fn new() -> Readiness {
+        Readiness {
+            last_ok: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn mark_ok(&self) {
+        if let Ok(mut g) = self.last_ok.lock() {
+            *g = Some(Instant::now());
+        }
+    }
+
+    /// Ready now?
+    pub fn is_ready(&self, stats: &Stats) -> bool {
+        if stats.sessions_with_upstream.get() > 0 {
+            self.mark_ok();
+            return true;
+        }
+        self.last_ok
+            .lock()
+            .ok()
+            .and_then(|g| *g)
+            .is_some_and(|t| t.elapsed() < READY_HOLD)
+    }
+}
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Dials the upstreams (TCP, then the server's INFO line) whenever no client session has
+/// a working upstream, to keep readiness true while the cluster is reachable.
+pub async fn probe(
+    upstreams: Vec<String>,
+    stats: Arc<Stats>,
+    ready: Arc<Readiness>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        if stats.sessions_with_upstream.get() > 0 {
+            ready.mark_ok();
+        } else {
+            for addr in &upstreams {
+                if probe_one(addr).await {
+                    ready.mark_ok();
+                    break;
+                }
+            }
+        }
+        stats.ready.set(i64::from(ready.is_ready(&stats)));
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(PROBE_INTERVAL) => {}
+        }
+    }
+}
+
+async fn probe_one(addr: &str) -> bool {
+    let attempt = async {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b).await.ok()?;
+        Some(b.eq_ignore_ascii_case(b"INFO "))
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), attempt).await,
+        Ok(Some(true))
+    )
+}
+
+/// Serves the endpoint until shutdown.
+pub async fn serve(
+    listener: TcpListener,
+    stats: Arc<Stats>,
+    ready: Arc<Readiness>,
+    shutdown: CancellationToken,
+) {
+    if let Ok(a) = listener.local_addr() {
+        info!(listen = %a, "metrics and health endpoint listening");
+    }
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(e) => {
+                    warn!(error = %e, "metrics accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let (stats, ready) = (stats.clone(), ready.clone());
+        tokio::spawn(async move {
+            if let Err(e) =
+                tokio::time::timeout(REQUEST_TIMEOUT, respond(stream, &stats, &ready)).await
+            {
+                debug!(error = %e, "metrics request timed out");
+            }
+        });
+    }
+}
+
+async fn respond(mut s: TcpStream, stats: &Stats, ready: &Readiness) {
+    let mut buf = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < MAX_REQUEST {
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let line = buf.split(|&c| c == b'\r').next().unwrap_or_default();
+    let mut parts = line.split(|&c| c == b' ');
+    let (method, path) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+    );
+    let path = path.split(|&c| c == b'?').next().unwrap_or_default();
+    let (status, ctype, body) = match (method, path) {
+        (b"GET", b"/metrics") => (
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            stats.encode(),
+        ),
+        (b"GET", b"/healthz") => ("200 OK", "text/plain", "ok\n".to_string()),
+        (b"GET", b"/readyz") => {
+            let r = ready.is_ready(stats);
+            stats.ready.set(i64::from(r));
+            if r {
+                ("200 OK", "text/plain", "ready\n".to_string())
+            } else {
+                (
+                    "503 Service Unavailable",
+                    "text/plain",
+                    "no upstream reachable\n".to_string(),
+                )
+            }
+        }
+        (b"GET", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "GET only\n".to_string(),
+        ),
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = s.write_all(head.as_bytes()).await;
+    let _ = s.write_all(body.as_bytes()).await;
+    let _ = s.shutdown().await;
+}
