@@ -5,7 +5,6 @@
 //! showing live progress, and ends with a summary. Every process it starts is stopped by
 //! its PID and its temporary directory is removed, also on Ctrl-C.
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use crate::cli::DemoArgs;
@@ -38,7 +37,7 @@ pub fn main(args: &DemoArgs) -> ExitCode {
         }
     };
     let result = rt.block_on(imp::run(bin, args.rate));
-    let _ = std::io::stderr().flush();
+    let _ = std::io::Write::flush(&mut std::io::stderr());
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
