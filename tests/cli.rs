@@ -69,6 +69,7 @@ async fn runs_from_environment_and_stops_on_sigterm() {
         .env("NATSPROXY_LISTEN", format!("127.0.0.1:{port}"))
         .env("NATSPROXY_UPSTREAM", server.url())
         .env("NATSPROXY_LOG_FORMAT", "json")
+        .env("NATSPROXY_SHUTDOWN_GRACE", "2s")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -94,6 +95,22 @@ async fn runs_from_environment_and_stops_on_sigterm() {
         .status()
         .unwrap()
         .success());
+    // During the grace period the open client keeps working (a sidecar's client drains
+    // after the same SIGTERM), while new clients are refused.
+    within(Duration::from_secs(5), "listener closed", async {
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    client.publish("env.ok", "2".into()).await.unwrap();
+    let m = within(Duration::from_secs(5), "message during grace", sub.next())
+        .await
+        .unwrap();
+    assert_eq!(m.payload, "2".as_bytes());
     let status = within(Duration::from_secs(10), "proxy exit", async {
         loop {
             if let Some(s) = child.try_wait().unwrap() {

@@ -9,8 +9,22 @@ use async_nats::jetstream::{self, consumer::pull, stream};
 use futures::StreamExt;
 use std::time::Duration;
 
+/// Stream, consumer and subject from the Vector configuration shipped in deploy/.
+fn vector_source() -> (String, String, String) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/vector/vector.toml");
+    let v: toml::Value = toml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let src = &v["sources"]["nats_logs"];
+    (
+        src["jetstream"]["stream"].as_str().unwrap().to_string(),
+        src["jetstream"]["consumer"].as_str().unwrap().to_string(),
+        src["subject"].as_str().unwrap().to_string(),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vector_style_pull_consumer_through_the_proxy() {
+    let (stream_name, consumer_name, subject) = vector_source();
+    let publish_subject = subject.replace(['>', '*'], "v");
     init_logs();
     let server = NatsServer::start(ServerOpts {
         jetstream: true,
@@ -24,14 +38,14 @@ async fn vector_style_pull_consumer_through_the_proxy() {
     let js_direct = jetstream::new(direct);
     let s = js_direct
         .create_stream(stream::Config {
-            name: "LOGS".into(),
-            subjects: vec!["logs.>".into()],
+            name: stream_name.clone(),
+            subjects: vec![subject.clone()],
             ..Default::default()
         })
         .await
         .unwrap();
     s.create_consumer(pull::Config {
-        durable_name: Some("CV".into()),
+        durable_name: Some(consumer_name.clone()),
         ..Default::default()
     })
     .await
@@ -39,7 +53,7 @@ async fn vector_style_pull_consumer_through_the_proxy() {
     const N: u64 = 3000;
     for i in 0..N {
         js_direct
-            .publish("logs.v", i.to_string().into())
+            .publish(publish_subject.clone(), i.to_string().into())
             .await
             .unwrap()
             .await
@@ -50,10 +64,10 @@ async fn vector_style_pull_consumer_through_the_proxy() {
     let via = async_nats::connect(proxy.url()).await.unwrap();
     let js = jetstream::new(via);
     let consumer: jetstream::consumer::PullConsumer = js
-        .get_stream("LOGS")
+        .get_stream(&stream_name)
         .await
         .unwrap()
-        .get_consumer("CV")
+        .get_consumer(&consumer_name)
         .await
         .unwrap();
     let mut messages = consumer
@@ -82,10 +96,10 @@ async fn vector_style_pull_consumer_through_the_proxy() {
     .await;
     // Every ack reached the server: nothing pending, nothing waiting for an ack.
     let mut c = js_direct
-        .get_stream("LOGS")
+        .get_stream(&stream_name)
         .await
         .unwrap()
-        .get_consumer::<pull::Config>("CV")
+        .get_consumer::<pull::Config>(&consumer_name)
         .await
         .unwrap();
     within(Duration::from_secs(10), "acks to settle", async {

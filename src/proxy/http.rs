@@ -26,13 +26,21 @@ pub const READY_HOLD: Duration = Duration::from_secs(10);
 /// reached one).
 pub struct Readiness {
     last_ok: std::sync::Mutex<Option<Instant>>,
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl Readiness {
     pub fn new() -> Readiness {
         Readiness {
             last_ok: std::sync::Mutex::new(None),
+            draining: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Shutdown began: not ready any more (health stays ok while clients drain).
+    pub fn set_draining(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn mark_ok(&self) {
@@ -43,6 +51,9 @@ impl Readiness {
 
     /// Ready now?
     pub fn is_ready(&self, stats: &Stats) -> bool {
+        if self.draining.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
         if stats.sessions_with_upstream.get() > 0 {
             self.mark_ok();
             return true;

@@ -57,12 +57,15 @@ impl Proxy {
         self.stats.clone()
     }
 
-    /// Accepts clients until `shutdown` fires, then closes every client and waits up to
-    /// the shutdown grace period for their drivers to finish.
+    /// Accepts clients until `shutdown` fires; then stops accepting (and reports not
+    /// ready), lets open clients carry on for the shutdown grace period so that they can
+    /// drain (a sidecar's client is told to stop at the same moment), and closes whatever
+    /// is still open after it.
     pub async fn run(self, shutdown: CancellationToken) {
         let tracker = TaskTracker::new();
+        let hard = CancellationToken::new();
+        let ready = Arc::new(http::Readiness::new());
         if let Some(l) = self.metrics {
-            let ready = Arc::new(http::Readiness::new());
             let ups = self.cfg.session().upstreams;
             tracker.spawn(http::probe(
                 ups,
@@ -70,7 +73,12 @@ impl Proxy {
                 ready.clone(),
                 shutdown.clone(),
             ));
-            tracker.spawn(http::serve(l, self.stats.clone(), ready, shutdown.clone()));
+            tracker.spawn(http::serve(
+                l,
+                self.stats.clone(),
+                ready.clone(),
+                hard.clone(),
+            ));
         }
         let slots = Arc::new(Semaphore::new(self.cfg.max_clients));
         let mut conn_id: u64 = 0;
@@ -99,7 +107,7 @@ impl Proxy {
             self.stats.clients_accepted.inc();
             let cfg = self.cfg.clone();
             let stats = self.stats.clone();
-            let token = shutdown.child_token();
+            let token = hard.child_token();
             let span = tracing::info_span!("client", conn = conn_id, %peer);
             tracker.spawn(
                 async move {
@@ -111,12 +119,26 @@ impl Proxy {
                 .instrument(span),
             );
         }
+        drop(self.listener);
+        ready.set_draining();
         tracker.close();
+        let open = self.stats.clients_active.get();
+        info!(clients = open, grace = ?self.cfg.shutdown_grace, "shutting down: no new clients; open ones may finish");
         if tokio::time::timeout(self.cfg.shutdown_grace, tracker.wait())
             .await
             .is_err()
         {
-            warn!("shutdown grace period over; abandoning remaining connections");
+            warn!(
+                clients = self.stats.clients_active.get(),
+                "shutdown grace period over; closing remaining clients"
+            );
+        }
+        hard.cancel();
+        if tokio::time::timeout(std::time::Duration::from_secs(2), tracker.wait())
+            .await
+            .is_err()
+        {
+            warn!("connections still open after close; abandoning them");
         }
         info!("natsproxy stopped");
     }

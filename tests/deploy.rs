@@ -1,0 +1,221 @@
+//! deploy/ is checked here: every file parses, the Vector configuration everywhere is the
+//! one the tests use, the NATS snippet is accepted by nats-server, the systemd unit
+//! verifies, the Dockerfile builds the binary this crate defines.
+
+mod common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
+}
+
+fn toml_json(text: &str) -> serde_json::Value {
+    let v: toml::Value = toml::from_str(text).expect("valid TOML");
+    serde_json::to_value(v).unwrap()
+}
+
+/// YAML documents as JSON, parsed by PyYAML (installed by .ci/run).
+fn yaml_docs(path: &Path) -> Vec<serde_json::Value> {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import json,sys,yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))",
+        ])
+        .arg(path)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{} does not parse: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn vector_config() -> serde_json::Value {
+    toml_json(&std::fs::read_to_string(repo("deploy/vector/vector.toml")).unwrap())
+}
+
+#[test]
+fn vector_config_points_at_the_proxy() {
+    let v = vector_config();
+    let src = &v["sources"]["nats_logs"];
+    assert_eq!(src["type"], "nats");
+    assert_eq!(
+        src["url"],
+        format!("nats://{}", natsproxy::config::DEFAULT_LISTEN)
+    );
+    assert!(src["jetstream"]["stream"].is_string() && src["jetstream"]["consumer"].is_string());
+}
+
+#[test]
+fn kubernetes_and_helm_files_embed_the_same_vector_config() {
+    let vector = vector_config();
+    let helm = &yaml_docs(&repo("deploy/helm/vector-values.yaml"))[0];
+    assert_eq!(
+        helm["customConfig"]["sources"], vector["sources"],
+        "helm values differ from deploy/vector/vector.toml"
+    );
+    let k8s = yaml_docs(&repo("deploy/kubernetes/vector-with-natsproxy.yaml"));
+    let cm = k8s
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap")
+        .expect("ConfigMap");
+    assert_eq!(
+        toml_json(cm["data"]["vector.toml"].as_str().unwrap()),
+        vector,
+        "ConfigMap differs from deploy/vector/vector.toml"
+    );
+    let dep = k8s
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("Deployment");
+    let containers = dep["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap();
+    let sidecars = [
+        containers
+            .iter()
+            .find(|c| c["name"] == "natsproxy")
+            .expect("natsproxy container")
+            .clone(),
+        helm["extraContainers"][0].clone(),
+    ];
+    for np in &sidecars {
+        let args: Vec<&str> = np["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert!(args.contains(&"--metrics-listen=0.0.0.0:9464"), "{args:?}");
+        assert!(args.contains(&"--listen=127.0.0.1:4222"), "{args:?}");
+        assert_eq!(np["readinessProbe"]["httpGet"]["path"], "/readyz");
+        assert_eq!(np["livenessProbe"]["httpGet"]["path"], "/healthz");
+        assert_eq!(np["securityContext"]["runAsNonRoot"], true);
+        assert!(np["resources"]["requests"]["memory"].is_string());
+        // The flags are the binary's own: check-config accepts them.
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_natsproxy"));
+        cmd.arg("check-config")
+            .args(&args)
+            .env_remove("NATSPROXY_UPSTREAM");
+        for e in np["env"].as_array().unwrap() {
+            cmd.env(e["name"].as_str().unwrap(), e["value"].as_str().unwrap());
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn nats_lame_duck_snippet_is_accepted_by_nats_server() {
+    let dir = TempDir::new("deploy");
+    let snippet = std::fs::read_to_string(repo("deploy/nats/lame-duck.conf")).unwrap();
+    let pid = dir.0.join("nats.pid");
+    let conf = snippet.replace("/var/run/nats/nats.pid", pid.to_str().unwrap())
+        + &format!("listen: \"127.0.0.1:{}\"\n", free_port());
+    let path = dir.0.join("server.conf");
+    std::fs::write(&path, conf).unwrap();
+    let out = Command::new(server_bin())
+        .arg("-c")
+        .arg(&path)
+        .arg("-t")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nats-server -t: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn systemd_unit_and_its_config_file() {
+    let out = Command::new(env!("CARGO_BIN_EXE_natsproxy"))
+        .args(["check-config", "--config"])
+        .arg(repo("deploy/systemd/natsproxy.toml"))
+        .env_remove("NATSPROXY_UPSTREAM")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let unit = std::fs::read_to_string(repo("deploy/systemd/natsproxy.service")).unwrap();
+    assert!(
+        unit.contains("ExecStart=/usr/local/bin/natsproxy --config /etc/natsproxy/natsproxy.toml")
+    );
+    let Ok(sa) = Command::new("systemd-analyze").arg("--version").output() else {
+        println!("systemd-analyze not installed: unit checked for its ExecStart only");
+        return;
+    };
+    assert!(sa.status.success());
+    let dir = TempDir::new("unit");
+    let path = dir.0.join("natsproxy.service");
+    std::fs::write(
+        &path,
+        unit.replace("/usr/local/bin/natsproxy", env!("CARGO_BIN_EXE_natsproxy")),
+    )
+    .unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    // Outside a booted systemd the only complaints allowed are about the environment.
+    let real: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("natsproxy.service"))
+        .filter(|l| !l.contains("vector.service"))
+        .collect();
+    assert!(
+        out.status.success() && real.is_empty(),
+        "systemd-analyze verify:\n{err}"
+    );
+}
+
+#[test]
+fn dockerfile_builds_this_crates_binary_non_root() {
+    let d = std::fs::read_to_string(repo("deploy/Dockerfile")).unwrap();
+    let froms: Vec<&str> = d.lines().filter(|l| l.starts_with("FROM ")).collect();
+    assert_eq!(froms.len(), 2, "multi-stage: {froms:?}");
+    assert!(
+        froms[1].contains("distroless") && froms[1].contains("nonroot"),
+        "{froms:?}"
+    );
+    assert!(d.contains("USER nonroot"));
+    assert!(d.contains("cargo build --release --locked"));
+    assert!(
+        d.contains("target/release/natsproxy")
+            && d.contains(r#"ENTRYPOINT ["/usr/local/bin/natsproxy"]"#)
+    );
+    for l in d
+        .lines()
+        .filter(|l| l.starts_with("COPY ") && !l.contains("--from"))
+    {
+        for src in l
+            .split_whitespace()
+            .skip(1)
+            .collect::<Vec<_>>()
+            .split_last()
+            .unwrap()
+            .1
+        {
+            assert!(
+                repo(src).exists(),
+                "Dockerfile copies {src}, which does not exist"
+            );
+        }
+    }
+}
