@@ -154,21 +154,33 @@ pub(super) async fn serve(
         bytes_to_client: 0,
         bytes_to_upstream: 0,
     };
-    d.run(shutdown).await;
+    info!("client connected");
+    let started = Instant::now();
+    let reason = d.run(shutdown).await;
     d.sync_stats();
     d.unreport();
+    let s = d.session.stats();
+    info!(
+        ?reason,
+        secs = started.elapsed().as_secs(),
+        migrations = s.migrations,
+        failovers = s.failovers,
+        messages_in = s.msgs_to_upstream,
+        messages_out = s.msgs_to_client,
+        "client closed"
+    );
 }
 
 impl Driver<'_> {
-    async fn run(&mut self, shutdown: CancellationToken) {
+    /// Runs until the client is closed; returns why.
+    async fn run(&mut self, shutdown: CancellationToken) -> CloseReason {
         let mut cancelled = Box::pin(shutdown.cancelled_owned());
         loop {
             self.apply_actions();
             if let Some(reason) = self.client_closing {
                 if self.client.wbuf.is_empty() {
                     let _ = self.client.io.shutdown().await;
-                    debug!(?reason, "client closed");
-                    return;
+                    return reason;
                 }
             }
             self.sync_stats();
@@ -184,7 +196,7 @@ impl Driver<'_> {
                         self.client.io.write_all_buf(&mut self.client.wbuf),
                     )
                     .await;
-                    return;
+                    return CloseReason::Shutdown;
                 }
                 Event::ClientData => {
                     self.session.handle_client_bytes(&mut self.client.rbuf, now);
@@ -192,7 +204,7 @@ impl Driver<'_> {
                 Event::ClientGone => {
                     self.session.handle_client_closed();
                     self.apply_actions();
-                    return;
+                    return CloseReason::ClientGone;
                 }
                 Event::ClientFlushedAndClosing => {}
                 Event::UpstreamData(epoch) => {
@@ -208,7 +220,7 @@ impl Driver<'_> {
                         );
                         self.session.handle_client_closed();
                         self.apply_actions();
-                        return;
+                        return CloseReason::SlowConsumer;
                     }
                 }
                 Event::UpstreamLost(epoch) => {

@@ -69,7 +69,12 @@ pub struct ClusterOpts {
     pub publisher_node: bool,
 }
 
+/// One cluster at a time per test binary: clusters are heavy for 2 cores, and free-port
+/// picking across concurrently starting clusters can collide.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 pub struct Cluster {
+    _turn: tokio::sync::MutexGuard<'static, ()>,
     pub nodes: Vec<Node>,
     /// The publisher node, if any (index `nodes.len()` is not used for it).
     pub publisher: Option<Node>,
@@ -78,6 +83,7 @@ pub struct Cluster {
 
 impl Cluster {
     pub async fn start(opts: ClusterOpts) -> Cluster {
+        let turn = ONE_AT_A_TIME.lock().await;
         let dir = TempDir::new("cluster");
         let n = opts.nodes;
         let total = n + usize::from(opts.publisher_node);
@@ -129,6 +135,7 @@ impl Cluster {
         }
         let publisher = if opts.publisher_node { all.pop() } else { None };
         let c = Cluster {
+            _turn: turn,
             nodes: all,
             publisher,
             _dir: dir,
@@ -145,7 +152,22 @@ impl Cluster {
 
     /// Waits until node `i` answers `/healthz` with 200 (JetStream current, if enabled).
     pub async fn wait_healthy(&self, i: usize) {
-        wait_http_ok(self.nodes[i].http, "/healthz").await;
+        let n = &self.nodes[i];
+        let ok = tokio::time::timeout(Duration::from_secs(60), async {
+            while http_get(n.http, "/healthz").await.is_none() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        if ok.is_err() {
+            let log = n.log();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            panic!(
+                "{} not healthy after 60 s; log tail:\n{}",
+                n.name,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
     }
 
     /// Waits until every running node has a route to every other running node.
