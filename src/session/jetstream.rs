@@ -198,12 +198,19 @@ impl PullTracker {
         now: Instant,
     ) -> Option<Bytes> {
         let body = parse_body(payload)?;
+        // The heartbeat upstream: at most INJECTED_HB_MAX and half the expiry, so that a
+        // lost request is noticed (after two missed beats) well before the client's own
+        // timers fire (async-nats' 35 s backstop, or 2 × its own heartbeat). A client
+        // that asked for a slower heartbeat still gets beats, only more often.
         let mut hb = body.idle_heartbeat;
         let mut injected = false;
-        if hb.is_none() && !body.no_wait && body.json.is_some() {
+        if !body.no_wait && body.json.is_some() {
             if let Some(exp) = body.expires.filter(|&e| e >= MIN_EXPIRES_FOR_HB) {
-                hb = Some((exp / 2).min(INJECTED_HB_MAX));
-                injected = true;
+                let ours = (exp / 2).min(INJECTED_HB_MAX);
+                if hb.is_none_or(|h| h > ours) {
+                    hb = Some(ours);
+                    injected = true;
+                }
             }
         }
         let req = Request {
@@ -618,20 +625,21 @@ mod tests {
                 now
             )
             .is_none());
+        // The client's own heartbeat, already short enough: left alone.
+        let fast = br#"{"batch":1,"expires":30000000000,"idle_heartbeat":2000000000}"#;
         assert!(t
-            .on_request(
-                API,
-                b"_INBOX.d",
-                "4".into(),
-                None,
-                br#"{"batch":1,"expires":30000000000,"idle_heartbeat":15000000000}"#,
-                now
-            )
+            .on_request(API, b"_INBOX.d", "4".into(), None, fast, now)
             .is_none());
         assert!(t
             .on_request(API, b"_INBOX.e", "5".into(), None, b"", now)
             .is_none());
-        assert_eq!(t.len(), 5);
+        // A slower client heartbeat (async-nats messages(): 15 s) is made faster upstream.
+        let slow = br#"{"batch":1,"expires":30000000000,"idle_heartbeat":15000000000}"#;
+        let f = t
+            .on_request(API, b"_INBOX.f", "6".into(), None, slow, now)
+            .unwrap();
+        assert_eq!(body_of(&f)["idle_heartbeat"], 5_000_000_000u64);
+        assert_eq!(t.len(), 6);
     }
 
     #[test]

@@ -1,0 +1,120 @@
+//! Messages that pass through unmodified cost no allocation on the relay path: counted
+//! with a counting global allocator over 20,000 MSGs and PUBs through the session.
+#![allow(unsafe_code)] // the GlobalAlloc impl below; nothing else
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use bytes::BytesMut;
+use natsproxy::proto::encode;
+use natsproxy::session::{Action, Epoch, Session, SessionConfig};
+
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting;
+
+fn connected() -> Session {
+    let now = Instant::now();
+    let mut s = Session::new(SessionConfig::default(), now);
+    while s.poll_action().is_some() {}
+    s.handle_upstream_connected(Epoch(1), now);
+    let mut b = BytesMut::from(&b"INFO {\"server_id\":\"S\"} \r\n"[..]);
+    s.handle_upstream_bytes(Epoch(1), &mut b, now);
+    let mut b =
+        BytesMut::from(&b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB logs.> 1\r\n"[..]);
+    s.handle_client_bytes(&mut b, now);
+    let mut b = BytesMut::from(&b"PONG\r\nPONG\r\n"[..]);
+    s.handle_upstream_bytes(Epoch(1), &mut b, now);
+    while s.poll_action().is_some() {}
+    s
+}
+
+/// Allocations per message over `rounds` passes of `stream` through `step`, after one
+/// warm-up pass (buffers reach their steady size).
+fn per_message(stream: &[u8], n: usize, mut step: impl FnMut(&mut BytesMut)) -> f64 {
+    let mut buf = BytesMut::with_capacity(256 * 1024);
+    let mut pass = |buf: &mut BytesMut| {
+        for chunk in stream.chunks(64 * 1024) {
+            if buf.capacity() - buf.len() < chunk.len() {
+                buf.reserve(128 * 1024);
+            }
+            buf.extend_from_slice(chunk);
+            step(buf);
+        }
+    };
+    pass(&mut buf);
+    let before = ALLOCS.load(Ordering::Relaxed);
+    let rounds = 4;
+    for _ in 0..rounds {
+        pass(&mut buf);
+    }
+    (ALLOCS.load(Ordering::Relaxed) - before) as f64 / (rounds * n) as f64
+}
+
+#[test]
+fn relaying_messages_allocates_nothing_per_message() {
+    const N: usize = 5000;
+    let msg = encode::msg(
+        b"logs.app",
+        b"1",
+        Some(b"$JS.ACK.LOGS.C.1.5.5.1.0"),
+        None,
+        &[b'x'; 128],
+    );
+    let stream = msg.repeat(N);
+    let mut s = connected();
+    let now = Instant::now();
+    let mut out = 0usize;
+    let mut out_buf = Vec::with_capacity(1 << 20);
+    let per = per_message(&stream, N, |buf| {
+        s.handle_upstream_bytes(Epoch(1), buf, now);
+        out_buf.clear();
+        while let Some(a) = s.poll_action() {
+            if let Action::ToClient(b) = a {
+                out += 1;
+                out_buf.extend_from_slice(&b);
+            }
+        }
+    });
+    assert_eq!(out, 5 * N);
+    println!("MSG upstream→client: {per:.4} allocations per message");
+    assert!(per < 0.01, "{per} allocations per message");
+
+    let pubf = encode::publish(b"logs.app", None, None, &[b'y'; 128]);
+    let stream = pubf.repeat(N);
+    let mut written = 0usize;
+    let per = per_message(&stream, N, |buf| {
+        s.handle_client_bytes(buf, now);
+        while let Some(a) = s.poll_action() {
+            if let Action::ToUpstream(_, _) = a {
+                written += 1;
+            }
+        }
+        // The server confirms each batch, as it does.
+        let mut pong = BytesMut::from(&b"PONG\r\n"[..]);
+        s.handle_upstream_bytes(Epoch(1), &mut pong, now);
+        while s.poll_action().is_some() {}
+    });
+    assert!(written >= 5 * N);
+    println!("PUB client→upstream: {per:.4} allocations per message");
+    assert!(per < 0.01, "{per} allocations per message");
+}
