@@ -1,7 +1,7 @@
 //! The client's live subscriptions: what must be replayed on a new upstream link.
 
 use bytes::Bytes;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use crate::proto::encode;
 
@@ -21,7 +21,9 @@ pub struct Sub {
 /// sid → subscription. A second SUB with a used sid is ignored, as nats-server does.
 #[derive(Debug, Default)]
 pub struct SubTable {
-    subs: HashMap<Bytes, Sub>,
+    /// Looked up for every message: a fast hash (sids are the client's own choice, so a
+    /// client can only slow down its own session with colliding ones).
+    subs: FxHashMap<Bytes, Sub>,
     next_order: u64,
 }
 
