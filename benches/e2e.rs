@@ -16,6 +16,11 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
+// The tests' cluster harness, for the migration-cost section.
+#[path = "../tests/common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--relay") {
@@ -27,6 +32,9 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    if args.iter().any(|a| a == "--migration") {
+        return rt.block_on(migration_table());
+    }
     rt.block_on(run(quick));
 }
 
@@ -336,6 +344,86 @@ fn fastrand_u32() -> u32 {
 /// p50, p99 and p99.9 of each run, in µs.
 type Percentiles = (Vec<f64>, Vec<f64>, Vec<f64>);
 
+/// The migration-cost table (also alone: `cargo bench --bench e2e -- --migration`).
+async fn migration_table() {
+    println!(
+        "\n### Migration cost: one lame-duck migration under a steady publisher (3-node cluster)\n"
+    );
+    println!("| rate | lame-duck INFO → switch | largest gap at the subscriber | published | received |\n|---|---|---|---|---|");
+    for rate in [1_000u64, 10_000] {
+        let (switch, gap, published, received) = migration_cost(rate).await;
+        println!("| {rate} msg/s | {switch:.1?} | {gap:.1?} | {published} | {received} |");
+    }
+}
+
+/// One lame-duck migration under a steady publisher at `rate`/s (publisher on a node that
+/// is not restarted, subscriber through natsproxy): (switch time, largest gap at the
+/// subscriber, published, received).
+async fn migration_cost(rate: u64) -> (Duration, Duration, u64, u64) {
+    use common::cluster::{Cluster, ClusterOpts};
+    let mut cluster = Cluster::start(ClusterOpts {
+        nodes: 3,
+        jetstream: false,
+        publisher_node: true,
+    })
+    .await;
+    let proxy = common::TestProxy::start(&cluster.urls()).await;
+    let sub_c = async_nats::ConnectOptions::new()
+        .subscription_capacity(1 << 20)
+        .connect(proxy.url())
+        .await
+        .unwrap();
+    let publisher = async_nats::connect(cluster.publisher.as_ref().unwrap().url())
+        .await
+        .unwrap();
+    let mut sub = sub_c.subscribe("mig").await.unwrap();
+    loop {
+        publisher.publish("mig", "probe".into()).await.unwrap();
+        if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(100), sub.next()).await {
+            break;
+        }
+    }
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(100), sub.next()).await {}
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let published = Arc::new(AtomicU64::new(0));
+    let rx = tokio::spawn(async move {
+        let (mut n, mut gap, mut last) = (0u64, Duration::ZERO, None::<Instant>);
+        while let Ok(Some(_)) = tokio::time::timeout(Duration::from_secs(3), sub.next()).await {
+            let now = Instant::now();
+            if let Some(l) = last {
+                gap = gap.max(now - l);
+            }
+            last = Some(now);
+            n += 1;
+        }
+        (n, gap)
+    });
+    let tx = {
+        let (stop, published, publisher) = (stop.clone(), published.clone(), publisher.clone());
+        tokio::spawn(async move {
+            let per_ms = (rate / 1000).max(1);
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                for _ in 0..per_ms {
+                    publisher.publish("mig", "m".into()).await.unwrap();
+                    published.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            publisher.flush().await.unwrap();
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster.lame_duck(0);
+    cluster.wait_exit(0, Duration::from_secs(40)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    tx.await.unwrap();
+    let (received, gap) = rx.await.unwrap();
+    let switch = Duration::from_micros(proxy.stats.max_switch_us.load(Ordering::Relaxed));
+    (switch, gap, published.load(Ordering::Relaxed), received)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     if v.is_empty() {
@@ -568,6 +656,10 @@ async fn run(quick: bool) {
     }
     for p in paths {
         println!("| {p:?} | {:.0} |", median(js[&p].clone()));
+    }
+
+    if !quick {
+        migration_table().await;
     }
 
     println!("\n### natsproxy resources\n\n| what | value |\n|---|---|");

@@ -98,6 +98,9 @@ pub struct Dedup<T> {
     ready: VecDeque<T>,
     /// The old link can deliver no more.
     old_done: bool,
+    /// The new link's subscriptions are registered on its server: from now on the old
+    /// link's messages may also come on the new link and are remembered.
+    recording: bool,
     /// Messages forwarded without protection (bounds reached): possible duplicates.
     pub overflowed: u64,
     /// Duplicates dropped.
@@ -122,6 +125,7 @@ impl<T> Dedup<T> {
             max_hold_bytes,
             ready: VecDeque::new(),
             old_done: false,
+            recording: false,
             overflowed: 0,
             suppressed: 0,
             echoes: 0,
@@ -171,7 +175,9 @@ impl<T> Dedup<T> {
         }
         if epoch == self.old {
             if !self.take_seen(true, sid, fp) {
-                self.remember(false, sid, fp);
+                if self.recording {
+                    self.remember(false, sid, fp);
+                }
                 self.ready.push_back(msg);
             }
             return;
@@ -200,6 +206,14 @@ impl<T> Dedup<T> {
                 self.ready.push_back(h.msg);
             }
         }
+    }
+
+    /// The new link's SUBs are registered (its replay PONG). Messages the old link
+    /// delivered before cannot also be in the new link's window: remembering them would
+    /// let identical messages (same subject and payload) of the new window be taken for
+    /// duplicates and lost.
+    pub fn start_recording(&mut self) {
+        self.recording = true;
     }
 
     /// The next message to forward, in order.
@@ -251,6 +265,26 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    #[test]
+    fn identical_messages_the_old_link_delivered_before_the_new_subscription_are_not_matched() {
+        let mut d: Dedup<u32> = Dedup::new(A, B, 100, 100);
+        // A delivers 5 identical messages before B's SUBs are registered...
+        for m in 0..5 {
+            d.on_message(A, b"1", 7, 1, m);
+        }
+        d.start_recording();
+        // ...then 2 more, which B also gets; B then gets 3 that A no longer does.
+        for m in 5..7 {
+            d.on_message(A, b"1", 7, 1, m);
+        }
+        for m in 5..10 {
+            d.on_message(B, b"1", 7, 1, m + 100);
+        }
+        d.old_finished();
+        let out: Vec<u32> = std::iter::from_fn(|| d.pop_ready()).collect();
+        assert_eq!(out.len(), 7 + 3, "A's 7 and B's 3 new ones: {out:?}");
+    }
+
     const A: Epoch = Epoch(1);
     const B: Epoch = Epoch(2);
 
@@ -271,6 +305,7 @@ mod tests {
             let a: Vec<usize> = (0..a_end).collect();
             let b: Vec<usize> = (b_start..n).collect();
             let mut d = Dedup::new(A, B, 1000, 1 << 20);
+            d.start_recording();
             let (mut i, mut j) = (0, 0);
             let mut out = Vec::new();
             let mut c = choices.into_iter();
@@ -297,6 +332,7 @@ mod tests {
     #[test]
     fn identical_payloads_count_as_a_multiset() {
         let mut d: Dedup<u32> = Dedup::new(A, B, 100, 100);
+        d.start_recording();
         assert_eq!(run(&mut d, A, b"1", 5, 1), vec![1]);
         assert_eq!(run(&mut d, A, b"1", 5, 2), vec![2]);
         for m in 3..=5 {
@@ -315,6 +351,7 @@ mod tests {
     #[test]
     fn echo_false_own_messages_are_dropped_from_either_link() {
         let mut d: Dedup<u32> = Dedup::new(A, B, 100, 100);
+        d.start_recording();
         d.own_publish([Bytes::from_static(b"1")].into_iter(), 9);
         d.own_publish([Bytes::from_static(b"1")].into_iter(), 10);
         assert_eq!(run(&mut d, B, b"1", 9, 1), Vec::<u32>::new());
@@ -327,6 +364,7 @@ mod tests {
     #[test]
     fn bounds_release_early_and_count() {
         let mut d: Dedup<u32> = Dedup::new(A, B, 100, 2);
+        d.start_recording();
         assert_eq!(run(&mut d, B, b"1", 1, 1), Vec::<u32>::new());
         assert_eq!(run(&mut d, B, b"1", 2, 2), Vec::<u32>::new());
         // Over the hold bound: the oldest goes out early and is remembered...
@@ -335,6 +373,7 @@ mod tests {
         // ...so that A's copy of it is dropped.
         assert_eq!(run(&mut d, A, b"1", 1, 10), Vec::<u32>::new());
         let mut d: Dedup<u32> = Dedup::new(A, B, 2, 100);
+        d.start_recording();
         for i in 0..5u64 {
             assert_eq!(run(&mut d, A, b"1", i, i as u32), vec![i as u32]);
         }
@@ -345,6 +384,7 @@ mod tests {
     #[test]
     fn after_the_old_link_finishes_only_its_entries_matter() {
         let mut d: Dedup<u32> = Dedup::new(A, B, 100, 100);
+        d.start_recording();
         assert_eq!(run(&mut d, A, b"1", 7, 1), vec![1]);
         assert_eq!(run(&mut d, A, b"1", 8, 2), vec![2]);
         assert_eq!(run(&mut d, B, b"1", 7, 3), Vec::<u32>::new());

@@ -1015,6 +1015,9 @@ impl Session {
     /// The new link's subscriptions are registered: barrier on the old link.
     fn begin_switch(&mut self) {
         let now = self.now;
+        if let Some(d) = &mut self.dedup {
+            d.start_recording();
+        }
         self.drain_at = Some(now + self.cfg.settle);
         let Some(p) = self.primary.as_mut() else {
             return;

@@ -265,13 +265,8 @@ fn lame_duck_make_before_break() {
         up.ends_with("PING\r\nSUB foo 1\r\nUNSUB 1 4\r\nSUB work q 2\r\nPING\r\n"),
         "{up}"
     );
-    // Both links deliver: A's forwarded at once, B's held back.
-    assert_eq!(to_client(&h.upstream(2, b"MSG foo 1 2\r\nm1\r\n")), b"");
-    assert_eq!(
-        to_client(&h.upstream(1, b"MSG foo 1 2\r\nm1\r\n")),
-        b"MSG foo 1 2\r\nm1\r\n"
-    );
-    // B's SUBs registered: switch barrier on A; client publishes wait.
+    // B's SUBs registered (its PONGs come before anything routed to it after them):
+    // switch barrier on A; client publishes wait.
     let a = h.upstream(2, b"PONG\r\nPONG\r\n");
     assert_eq!(
         a,
@@ -279,6 +274,12 @@ fn lame_duck_make_before_break() {
             Epoch(1),
             Bytes::from_static(b"PING\r\n")
         )]
+    );
+    // Both links deliver: A's forwarded at once, B's held back.
+    assert_eq!(to_client(&h.upstream(2, b"MSG foo 1 2\r\nm1\r\n")), b"");
+    assert_eq!(
+        to_client(&h.upstream(1, b"MSG foo 1 2\r\nm1\r\n")),
+        b"MSG foo 1 2\r\nm1\r\n"
     );
     let a = h.client(b"PUB out 1\r\np\r\n");
     assert_eq!(to_upstream(&a), b"", "waits for the barrier");
@@ -436,9 +437,10 @@ fn old_link_closing_before_the_switch_promotes_the_standby() {
     let (e2, _) = dial_of(&a).unwrap();
     h.s.handle_upstream_connected(e2, h.now);
     h.upstream(2, INFO_B);
+    h.upstream(2, b"PONG\r\nPONG\r\n"); // B registered; switch barrier sent on A
     h.upstream(2, b"MSG foo 1 1\r\na\r\nMSG foo 1 1\r\nb\r\n");
     h.upstream(1, b"MSG foo 1 1\r\na\r\n");
-    // Lame duck closes A before B's replay PONG.
+    // Lame duck closes A before its switch PONG.
     h.s.handle_upstream_lost(Epoch(1), h.now);
     let a = h.actions();
     assert_eq!(
@@ -473,6 +475,7 @@ fn a_jetstream_delivery_arriving_on_both_links_is_forwarded_once() {
     let (e2, _) = dial_of(&a).unwrap();
     h.s.handle_upstream_connected(e2, h.now);
     h.upstream(2, INFO_B);
+    h.upstream(2, b"PONG\r\nPONG\r\n"); // B's SUBs are registered
     let d1 = b"MSG logs.v 1 $JS.ACK.LOGS.CV.1.5.5.17.0 3\r\nm05\r\n";
     let d2 = b"MSG logs.v 1 $JS.ACK.LOGS.CV.1.6.6.18.0 3\r\nm06\r\n";
     // Both links deliver both (the consumer leader publishes to the inbox subject).
