@@ -18,7 +18,6 @@ use futures::StreamExt;
 
 // The tests' cluster harness, for the migration-cost section.
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 fn main() {
