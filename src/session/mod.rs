@@ -924,6 +924,8 @@ impl Session {
                 Some(p) => {
                     // Make-before-break: both links deliver from now on.
                     let old = p.epoch;
+                    // A lingering previous overlap ends here; keep its counts.
+                    self.take_dedup_stats();
                     self.dedup = Some(Dedup::new(
                         old,
                         epoch,
@@ -981,7 +983,7 @@ impl Session {
                 if let Some(s) = self.standby.take() {
                     self.actions.push_back(Action::CloseUpstream(s.epoch));
                 }
-                self.dedup = None;
+                self.take_dedup_stats();
                 self.start_dial();
             }
             Role::Retiring => {}
@@ -1180,7 +1182,7 @@ impl Session {
                     return self.start_dial();
                 }
                 debug!(upstream = %l.addr, %reason, "standby upstream failed");
-                self.dedup = None;
+                self.take_dedup_stats();
                 self.schedule_dial();
             }
             Role::Retiring => {

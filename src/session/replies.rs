@@ -50,13 +50,6 @@ impl ReplyQueue {
             *r = Reply::Pong { ready: true };
         }
     }
-    /// Number of PONGs owed and not yet answered.
-    pub fn pongs_owed(&self) -> usize {
-        self.q
-            .iter()
-            .filter(|r| matches!(r, Reply::Pong { ready: false }))
-            .count()
-    }
     /// Pops the next reply that can be written, in order.
     pub fn pop_ready(&mut self) -> Option<Ready> {
         match self.q.front()? {

@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use natsproxy::config::{Config, UpstreamUrl};
 use natsproxy::proxy::{Proxy, Stats};
@@ -22,18 +22,6 @@ pub async fn within<T>(d: Duration, what: &str, fut: impl Future<Output = T>) ->
     match tokio::time::timeout(d, fut).await {
         Ok(v) => v,
         Err(_) => panic!("timed out after {d:?} waiting for {what}"),
-    }
-}
-
-/// Polls `cond` until it holds, at most `d`.
-pub async fn wait_until(d: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + d;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {d:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
