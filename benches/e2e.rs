@@ -405,8 +405,11 @@ async fn migration_cost(rate: u64) -> (Duration, Duration, u64, u64) {
             while !stop.load(Ordering::Relaxed) {
                 tick.tick().await;
                 for _ in 0..per_ms {
-                    publisher.publish("mig", "m".into()).await.unwrap();
-                    published.fetch_add(1, Ordering::Relaxed);
+                    let n = published.fetch_add(1, Ordering::Relaxed);
+                    publisher
+                        .publish("mig", n.to_string().into())
+                        .await
+                        .unwrap();
                 }
             }
             publisher.flush().await.unwrap();
