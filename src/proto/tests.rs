@@ -138,6 +138,19 @@ fn client_fixture_fields() {
     let (ops, _) = decode_client_chunks(&[b"UNSUB 1 10\r\nUNSUB 2 x\r\n"]);
     assert!(matches!(&ops[0], ClientOp::Unsub { max: Some(10), .. }));
     assert!(matches!(&ops[1], ClientOp::Unsub { max: Some(0), .. }));
+    // Found by the roundtrip fuzz target: a max of 10 digits is no number to nats-server 2.15
+    // (it reads at most 9), so the subscription goes at once; the proxy never writes one.
+    let (ops, _) = decode_client_chunks(&[b"UNSUB 1 4278190080
+UNSUB 1 999999999
+"]);
+    assert!(matches!(&ops[0], ClientOp::Unsub { max: Some(0), .. }));
+    assert!(matches!(
+        &ops[1],
+        ClientOp::Unsub {
+            max: Some(999_999_999),
+            ..
+        }
+    ));
     let (ops, _) = decode_client_chunks(&[b"CONNECT{\"a\":1}\r\n"]);
     assert_eq!(ops[0], ClientOp::Connect(Bytes::from_static(b"{\"a\":1}")));
 }
