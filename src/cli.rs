@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{self, Config, ConfigError, UpstreamUrl};
+use crate::config::{self, Config, ConfigError, Credentials, NkeySeed, UpstreamUrl};
 
 /// natsproxy: a NATS-aware sidecar proxy that keeps clients connected while the cluster
 /// behind it restarts (lame duck mode) or loses nodes.
@@ -64,6 +64,38 @@ pub struct Opts {
         global = true
     )]
     pub upstreams: Vec<String>,
+
+    /// NATS .creds file (user JWT and nkey seed): the proxy signs each upstream node's
+    /// nonce itself (a client's signature is bound to one connection).
+    #[arg(long, env = "NATSPROXY_CREDS", global = true)]
+    pub creds: Option<PathBuf>,
+
+    /// File holding an nkey seed (SU…) to authenticate upstream with.
+    #[arg(long, env = "NATSPROXY_NKEY_SEED", global = true)]
+    pub nkey_seed: Option<PathBuf>,
+
+    /// User name presented upstream (with --password).
+    #[arg(long, env = "NATSPROXY_USER", global = true)]
+    pub user: Option<String>,
+
+    /// Password presented upstream (with --user). Prefer the environment or the file.
+    #[arg(
+        long,
+        env = "NATSPROXY_PASSWORD",
+        global = true,
+        hide_env_values = true
+    )]
+    pub password: Option<String>,
+
+    /// Token presented upstream. Prefer the environment or the file.
+    #[arg(long, env = "NATSPROXY_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+
+    /// File holding natsproxy's own nkey seed: every upstream nonce is signed into
+    /// `proxy_sig`, for servers that list the public key under `proxies { trusted }`
+    /// (nats-server 2.12+). The user's credentials are still required.
+    #[arg(long, env = "NATSPROXY_PROXY_NKEY_SEED", global = true)]
+    pub proxy_nkey_seed: Option<PathBuf>,
 
     /// Serve /metrics (Prometheus), /healthz and /readyz here, e.g. 0.0.0.0:9464 for
     /// Kubernetes probes. [default: off]
@@ -151,7 +183,30 @@ const FILE_KEYS: &[&str] = &[
     "shutdown_grace",
     "log_level",
     "log_format",
+    "creds",
+    "nkey_seed",
+    "user",
+    "password",
+    "token",
+    "proxy_nkey_seed",
 ];
+
+/// Reads a secret file; errors name the option and the path, never the content.
+fn read_secret(option: &str, path: &str) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::Credentials(format!("--{option} {path}: {e}")))
+}
+
+fn seed_file(option: &str, path: &str) -> Result<NkeySeed, ConfigError> {
+    let text = read_secret(option, path)?;
+    // A seed file may carry comments or the .creds markers: take the line with the seed.
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with('S') && l.len() > 50)
+        .unwrap_or(text.trim());
+    NkeySeed::new(line).map_err(|why| ConfigError::Credentials(format!("--{option} {path}: {why}")))
+}
 
 /// The configuration file, as strings keyed by option.
 fn read_file(path: &PathBuf) -> Result<toml::Table, ConfigError> {
@@ -281,6 +336,57 @@ impl Opts {
                         value: v.clone(),
                     })?;
         }
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        let creds = match path(&self.creds) {
+            Some(p) => Some(p),
+            None => file_str(&file, "creds")?,
+        };
+        let nkey = match path(&self.nkey_seed) {
+            Some(p) => Some(p),
+            None => file_str(&file, "nkey_seed")?,
+        };
+        let user = pick(&self.user, "user")?;
+        let password = pick(&self.password, "password")?;
+        let token = pick(&self.token, "token")?;
+        let given = [
+            creds.is_some(),
+            nkey.is_some(),
+            user.is_some() || password.is_some(),
+            token.is_some(),
+        ];
+        if given.iter().filter(|&&g| g).count() > 1 {
+            return Err(ConfigError::Credentials(
+                "give one of --creds, --nkey-seed, --user/--password, --token".into(),
+            ));
+        }
+        c.credentials = if let Some(p) = creds {
+            let text = read_secret("creds", &p)?;
+            Some(
+                Credentials::from_creds(&text)
+                    .map_err(|why| ConfigError::Credentials(format!("--creds {p}: {why}")))?,
+            )
+        } else if let Some(p) = nkey {
+            Some(Credentials::Nkey(seed_file("nkey-seed", &p)?))
+        } else if let Some(t) = token {
+            Some(Credentials::Token(t))
+        } else {
+            match (user, password) {
+                (Some(user), Some(pass)) => Some(Credentials::UserPass { user, pass }),
+                (None, None) => None,
+                _ => {
+                    return Err(ConfigError::Credentials(
+                        "--user and --password go together".into(),
+                    ))
+                }
+            }
+        };
+        let proxy_key = match path(&self.proxy_nkey_seed) {
+            Some(p) => Some(p),
+            None => file_str(&file, "proxy_nkey_seed")?,
+        };
+        if let Some(p) = proxy_key {
+            c.proxy_key = Some(seed_file("proxy-nkey-seed", &p)?);
+        }
         if c.ping_interval.is_zero() {
             return Err(ConfigError::Duration {
                 field: "ping_interval",
@@ -319,6 +425,14 @@ impl Settings {
         let mut out = String::new();
         out += &format!("listen = \"{}\"\n", c.listen);
         out += &format!("upstream = [{}]\n", ups.join(", "));
+        // Secrets stay out: only the kind of credentials and public keys are shown.
+        match &c.credentials {
+            Some(cr) => out += &format!("# credentials: {cr:?}\n"),
+            None => out += "# credentials: none held (the first URL's, else the client's own)\n",
+        }
+        if let Some(k) = &c.proxy_key {
+            out += &format!("# proxy key (proxy_sig): {}\n", k.public_key());
+        }
         match c.metrics_listen {
             Some(a) => out += &format!("metrics_listen = \"{a}\"\n"),
             None => out += "# metrics_listen: not set (no /metrics, /healthz, /readyz)\n",

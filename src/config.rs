@@ -20,7 +20,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default time given to connections to finish on shutdown.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-pub use crate::proto::json::Credentials;
+pub use crate::proto::json::{Credentials, NkeySeed};
 
 /// One upstream server URL: `nats://[user:pass@|token@]host:port`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +49,9 @@ pub enum ConfigError {
     File { path: String, why: String },
     #[error("configuration file, key `{key}`: {why}")]
     FileValue { key: &'static str, why: String },
+    /// Never carries a secret: only the option, the file path and what is wrong.
+    #[error("credentials: {0}")]
+    Credentials(String),
 }
 
 impl UpstreamUrl {
@@ -117,7 +120,7 @@ impl UpstreamUrl {
         match &self.credentials {
             None => format!("nats://{}", self.addr),
             Some(Credentials::UserPass { user, .. }) => format!("nats://{user}:***@{}", self.addr),
-            Some(Credentials::Token(_)) => format!("nats://***@{}", self.addr),
+            Some(_) => format!("nats://***@{}", self.addr),
         }
     }
 }
@@ -193,6 +196,12 @@ pub struct Config {
     pub max_outage: Duration,
     pub backoff_min: Duration,
     pub backoff_max: Duration,
+    /// Credentials the proxy presents upstream (`--creds`, `--nkey-seed`, `--user` and
+    /// `--password`, `--token`); when None, those in the first upstream URL, else the
+    /// client's own.
+    pub credentials: Option<Credentials>,
+    /// `--proxy-nkey-seed`: signs every upstream nonce into `proxy_sig`.
+    pub proxy_key: Option<NkeySeed>,
 }
 
 impl Config {
@@ -212,6 +221,8 @@ impl Config {
             max_outage: DEFAULT_MAX_OUTAGE,
             backoff_min: DEFAULT_BACKOFF_MIN,
             backoff_max: DEFAULT_BACKOFF_MAX,
+            credentials: None,
+            proxy_key: None,
         }
     }
 
@@ -219,7 +230,11 @@ impl Config {
     pub fn session(&self) -> SessionConfig {
         SessionConfig {
             upstreams: self.upstreams.iter().map(|u| u.addr.clone()).collect(),
-            credentials: self.upstreams.first().and_then(|u| u.credentials.clone()),
+            credentials: self
+                .credentials
+                .clone()
+                .or_else(|| self.upstreams.first().and_then(|u| u.credentials.clone())),
+            proxy_key: self.proxy_key.clone(),
             ping_interval: self.ping_interval,
             max_pings_out: 2,
             max_backlog: self.max_backlog,

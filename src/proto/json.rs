@@ -4,11 +4,60 @@
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-/// Credentials the proxy itself presents upstream (they replace the client's).
+/// An nkey seed (`S…`), checked when it is loaded. Never printed: `Debug` shows the
+/// public key only.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NkeySeed(String);
+
+impl NkeySeed {
+    /// Checks that `seed` is a valid nkey seed. The error never contains the seed.
+    pub fn new(seed: &str) -> Result<NkeySeed, String> {
+        let seed = seed.trim();
+        nkeys::KeyPair::from_seed(seed)
+            .map(|_| NkeySeed(seed.to_owned()))
+            .map_err(|e| format!("not a valid nkey seed ({})", e.kind()))
+    }
+
+    fn pair(&self) -> nkeys::KeyPair {
+        nkeys::KeyPair::from_seed(&self.0).expect("checked in NkeySeed::new")
+    }
+
+    /// The public key (`U…` for a user, …).
+    pub fn public_key(&self) -> String {
+        self.pair().public_key()
+    }
+
+    /// The signature of a server nonce, as nats-server checks it: ed25519 over the nonce
+    /// string as received, base64url without padding.
+    pub fn sign_nonce(&self, nonce: &str) -> String {
+        let sig = self.pair().sign(nonce.as_bytes()).unwrap_or_default();
+        data_encoding::BASE64URL_NOPAD.encode(&sig)
+    }
+}
+
+impl std::fmt::Debug for NkeySeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NkeySeed({}, seed ***)", self.public_key())
+    }
+}
+
+/// Credentials the proxy itself presents upstream (they replace the client's). Nkey and
+/// JWT signatures are made per connection over that node's nonce: a client's signature
+/// could never be replayed on the next node.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Credentials {
-    UserPass { user: String, pass: String },
+    UserPass {
+        user: String,
+        pass: String,
+    },
     Token(String),
+    /// `--nkey-seed`: CONNECT carries `nkey` (the public key) and `sig`.
+    Nkey(NkeySeed),
+    /// `--creds` (a `.creds` file): CONNECT carries `jwt` and `sig`.
+    Jwt {
+        jwt: String,
+        seed: NkeySeed,
+    },
 }
 
 impl std::fmt::Debug for Credentials {
@@ -16,7 +65,33 @@ impl std::fmt::Debug for Credentials {
         match self {
             Credentials::UserPass { user, .. } => write!(f, "UserPass({user}, ***)"),
             Credentials::Token(_) => write!(f, "Token(***)"),
+            Credentials::Nkey(s) => write!(f, "Nkey({})", s.public_key()),
+            Credentials::Jwt { seed, .. } => write!(f, "Jwt(user {})", seed.public_key()),
         }
+    }
+}
+
+impl Credentials {
+    /// Reads a NATS `.creds` file: the user JWT and the nkey seed between their
+    /// `-----BEGIN …-----` / `------END …------` markers.
+    pub fn from_creds(text: &str) -> Result<Credentials, String> {
+        let block = |what: &str| -> Option<String> {
+            let mut lines = text.lines().map(str::trim);
+            lines.find(|l| l.starts_with("-----BEGIN") && l.contains(what))?;
+            lines
+                .take_while(|l| !l.starts_with("------END") && !l.starts_with("-----END"))
+                .find(|l| !l.is_empty())
+                .map(str::to_owned)
+        };
+        let jwt = block("JWT").ok_or("no user JWT block (-----BEGIN NATS USER JWT-----)")?;
+        let seed = block("SEED").ok_or("no nkey seed block (-----BEGIN USER NKEY SEED-----)")?;
+        if jwt.split('.').count() != 3 {
+            return Err("the JWT block is not a JWT".into());
+        }
+        Ok(Credentials::Jwt {
+            jwt,
+            seed: NkeySeed::new(&seed)?,
+        })
     }
 }
 
@@ -137,7 +212,16 @@ impl ClientOptions {
     /// `verbose:false,pedantic:false` (the server defaults are true), protocol 1 so that
     /// async INFOs (lame duck) arrive, headers and no_responders on, echo and identity and
     /// pass-through credentials from the client.
-    pub fn upstream_connect_json(&self, held: Option<&Credentials>) -> Vec<u8> {
+    ///
+    /// `nonce` is the upstream INFO's; nkey and JWT credentials sign it, and so does the
+    /// proxy's own key (`proxy_sig`, for servers that list natsproxy as a trusted proxy).
+    pub fn upstream_connect_json(
+        &self,
+        held: Option<&Credentials>,
+        nonce: Option<&str>,
+        proxy_key: Option<&NkeySeed>,
+    ) -> Vec<u8> {
+        let nonce = nonce.unwrap_or("");
         let mut m = Map::new();
         m.insert("verbose".into(), false.into());
         m.insert("pedantic".into(), false.into());
@@ -159,6 +243,14 @@ impl ClientOptions {
             Some(Credentials::Token(t)) => {
                 m.insert("auth_token".into(), t.clone().into());
             }
+            Some(Credentials::Nkey(seed)) => {
+                m.insert("nkey".into(), seed.public_key().into());
+                m.insert("sig".into(), seed.sign_nonce(nonce).into());
+            }
+            Some(Credentials::Jwt { jwt, seed }) => {
+                m.insert("jwt".into(), jwt.clone().into());
+                m.insert("sig".into(), seed.sign_nonce(nonce).into());
+            }
             None => {
                 let fields = [
                     ("user", &self.user),
@@ -171,6 +263,9 @@ impl ClientOptions {
                     }
                 }
             }
+        }
+        if let Some(k) = proxy_key {
+            m.insert("proxy_sig".into(), k.sign_nonce(nonce).into());
         }
         serde_json::to_vec(&Value::Object(m)).unwrap_or_default()
     }
@@ -301,5 +396,68 @@ mod tests {
         assert_eq!(out["proto"], 1);
         assert_eq!(out["max_payload"], 2048);
         assert_eq!(out["port"], 4222);
+    }
+
+    fn verify(public: &str, nonce: &str, sig: &str) -> bool {
+        let sig = data_encoding::BASE64URL_NOPAD
+            .decode(sig.as_bytes())
+            .unwrap();
+        nkeys::KeyPair::from_public_key(public)
+            .unwrap()
+            .verify(nonce.as_bytes(), &sig)
+            .is_ok()
+    }
+
+    #[test]
+    fn held_nkey_jwt_and_proxy_key_sign_the_nodes_nonce() {
+        let user = nkeys::KeyPair::new_user();
+        let proxy = nkeys::KeyPair::new_user();
+        let seed = NkeySeed::new(&user.seed().unwrap()).unwrap();
+        let pkey = NkeySeed::new(&proxy.seed().unwrap()).unwrap();
+        let o = ClientOptions::default();
+        let j = |c: &Credentials, nonce| -> Value {
+            serde_json::from_slice(&o.upstream_connect_json(Some(c), Some(nonce), Some(&pkey)))
+                .unwrap()
+        };
+        let v = j(&Credentials::Nkey(seed.clone()), "nonce-one");
+        assert_eq!(v["nkey"], user.public_key());
+        assert!(verify(
+            &user.public_key(),
+            "nonce-one",
+            v["sig"].as_str().unwrap()
+        ));
+        assert!(verify(
+            &proxy.public_key(),
+            "nonce-one",
+            v["proxy_sig"].as_str().unwrap()
+        ));
+        // The next node's nonce gets its own signature.
+        let w = j(&Credentials::Nkey(seed.clone()), "nonce-two");
+        assert_ne!(v["sig"], w["sig"]);
+        assert!(verify(
+            &user.public_key(),
+            "nonce-two",
+            w["sig"].as_str().unwrap()
+        ));
+
+        let creds = format!(
+            "-----BEGIN NATS USER JWT-----\neyJhIjoxfQ.eyJiIjoyfQ.c2ln\n------END NATS USER JWT------\n\n\
+             ************************* IMPORTANT *************************\n\n\
+             -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+            user.seed().unwrap()
+        );
+        let c = Credentials::from_creds(&creds).unwrap();
+        let v = j(&c, "nonce-three");
+        assert_eq!(v["jwt"], "eyJhIjoxfQ.eyJiIjoyfQ.c2ln");
+        assert!(v.get("nkey").is_none());
+        assert!(verify(
+            &user.public_key(),
+            "nonce-three",
+            v["sig"].as_str().unwrap()
+        ));
+        // Nothing secret in Debug output.
+        let shown = format!("{c:?} {:?} {pkey:?}", Credentials::Nkey(seed));
+        assert!(!shown.contains(&user.seed().unwrap()) && !shown.contains(&proxy.seed().unwrap()));
+        assert!(Credentials::from_creds("garbage").is_err());
     }
 }

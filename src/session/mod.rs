@@ -54,7 +54,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
-use crate::proto::json::{ClientOptions, Credentials, ServerInfo};
+use crate::proto::json::{ClientOptions, Credentials, NkeySeed, ServerInfo};
 use crate::proto::{
     encode, subject, ClientDecoder, ClientOp, Limits, Message, ProtoError, ServerOp,
 };
@@ -86,6 +86,8 @@ pub struct SessionConfig {
     pub upstreams: Vec<String>,
     /// Credentials the proxy presents upstream instead of the client's.
     pub credentials: Option<Credentials>,
+    /// The proxy's own key: signs each upstream nonce into `proxy_sig` (trusted proxies).
+    pub proxy_key: Option<NkeySeed>,
     /// Interval of the proxy's keepalive PINGs upstream.
     pub ping_interval: Duration,
     /// A link with a PING unanswered for `ping_interval * max_pings_out` is stale.
@@ -111,6 +113,7 @@ impl Default for SessionConfig {
         SessionConfig {
             upstreams: vec!["127.0.0.1:4222".into()],
             credentials: None,
+            proxy_key: None,
             ping_interval: DEFAULT_PING_INTERVAL,
             max_pings_out: 2,
             max_backlog: DEFAULT_MAX_BACKLOG,
@@ -895,9 +898,15 @@ impl Session {
 
     /// CONNECT, PING, the subscription replay and a PING on a link that has its INFO.
     fn establish(&mut self, role: Role) {
-        let json = self
-            .opts
-            .upstream_connect_json(self.cfg.credentials.as_ref());
+        let nonce = self
+            .link(role)
+            .and_then(|l| l.info.as_ref())
+            .and_then(|i| i.nonce.clone());
+        let json = self.opts.upstream_connect_json(
+            self.cfg.credentials.as_ref(),
+            nonce.as_deref(),
+            self.cfg.proxy_key.as_ref(),
+        );
         let replay = self.subs.replay();
         let n_subs = self.subs.len() as u64;
         let now = self.now;

@@ -1,0 +1,188 @@
+//! Credentials held by the proxy, against real nats-servers: nkey users (each node's
+//! nonce signed afresh, also after a failover), trusted-proxy signatures (`proxy_sig`,
+//! nats-server 2.12+), and secrets kept out of logs and messages.
+
+mod common;
+use common::*;
+
+use futures::StreamExt;
+use natsproxy::config::{Credentials, NkeySeed};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(10);
+
+fn new_user() -> (String, String) {
+    let kp = nkeys::KeyPair::new_user();
+    (kp.seed().unwrap(), kp.public_key())
+}
+
+/// Subscribes, then publishes until a message arrives (the proxy may be between nodes).
+async fn roundtrip(c: &async_nats::Client, subject: &str) {
+    let mut sub = c.subscribe(subject.to_string()).await.unwrap();
+    within(T, &format!("a message on {subject}"), async {
+        loop {
+            c.publish(subject.to_string(), "x".into()).await.unwrap();
+            if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), sub.next()).await
+            {
+                return;
+            }
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn nkey_user_signs_each_nodes_nonce_also_after_failover() {
+    init_logs();
+    let (seed, public) = new_user();
+    let conf = format!("authorization {{ users: [ {{ nkey: \"{public}\" }} ] }}\n");
+    let a = NatsServer::start(ServerOpts {
+        extra: conf.clone(),
+        ..Default::default()
+    })
+    .await;
+    let b = NatsServer::start(ServerOpts {
+        extra: conf,
+        ..Default::default()
+    })
+    .await;
+    // Without the seed, the client (which has no credentials) is refused.
+    let bare = TestProxy::start(&[a.url()]).await;
+    let err = async_nats::ConnectOptions::new()
+        .max_reconnects(1)
+        .connect(bare.url())
+        .await;
+    assert!(err.is_err(), "no credentials must be refused");
+
+    let key = NkeySeed::new(&seed).unwrap();
+    let proxy = TestProxy::start_with(&[a.url(), b.url()], |c| {
+        c.credentials = Some(Credentials::Nkey(key));
+    })
+    .await;
+    let c = async_nats::connect(proxy.url()).await.unwrap();
+    roundtrip(&c, "nkey.a").await;
+    // The node goes away: the next one sends another nonce, which the proxy signs.
+    drop(a);
+    roundtrip(&c, "nkey.b").await;
+    assert_eq!(
+        c.connection_state(),
+        async_nats::connection::State::Connected
+    );
+}
+
+#[tokio::test]
+async fn trusted_proxy_signature_is_accepted_and_required() {
+    init_logs();
+    let (proxy_seed, proxy_public) = new_user();
+    let server = NatsServer::start(ServerOpts {
+        extra: format!(
+            "proxies {{ trusted: [ {{ key: \"{proxy_public}\" }} ] }}\n\
+             authorization {{ users: [ {{ user: \"app\", password: \"pw\", proxy_required: true }} ] }}\n"
+        ),
+        ..Default::default()
+    })
+    .await;
+    let user = Some(Credentials::UserPass {
+        user: "app".into(),
+        pass: "pw".into(),
+    });
+    // With natsproxy's key: accepted.
+    let (u, k) = (user.clone(), NkeySeed::new(&proxy_seed).unwrap());
+    let signed = TestProxy::start_with(&[server.url()], |c| {
+        c.credentials = u;
+        c.proxy_key = Some(k);
+    })
+    .await;
+    let c = async_nats::connect(signed.url()).await.unwrap();
+    roundtrip(&c, "proxied.ok").await;
+    // Same user without the proxy signature, or signed by an untrusted key: refused.
+    let (other_seed, _) = new_user();
+    for key in [None, Some(NkeySeed::new(&other_seed).unwrap())] {
+        let u = user.clone();
+        let p = TestProxy::start_with(&[server.url()], |c| {
+            c.credentials = u;
+            c.proxy_key = key;
+        })
+        .await;
+        let (reply, closed) =
+            raw_exchange(p.addr, b"CONNECT {\"verbose\":false}\r\nPING\r\n").await;
+        assert!(
+            reply.contains("-ERR 'Authorization Violation'") && closed,
+            "{reply:?} {closed}\n{}",
+            server.log()
+        );
+    }
+}
+
+#[test]
+fn secrets_never_appear_in_output_or_errors() {
+    let dir = TempDir::new("secrets");
+    let (seed, public) = new_user();
+    let seed_file = dir.0.join("proxy.nk");
+    std::fs::write(&seed_file, &seed).unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_natsproxy"))
+            .arg("check-config")
+            .args(args)
+            .env_remove("NATSPROXY_PASSWORD")
+            .env_remove("NATSPROXY_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (code, out) = run(&[
+        "--upstream",
+        "nats://u:url-pass-123@127.0.0.1:4222",
+        "--user",
+        "alice",
+        "--password",
+        "flag-pass-456",
+        "--proxy-nkey-seed",
+        seed_file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{out}");
+    for secret in ["url-pass-123", "flag-pass-456", &seed[..]] {
+        assert!(!out.contains(secret), "secret shown: {out}");
+    }
+    assert!(
+        out.contains(&public),
+        "the public key identifies the proxy key: {out}"
+    );
+    // A broken seed file: the error names the option and the file, not the content.
+    let bad = dir.0.join("bad.nk");
+    let almost = format!("{}X", &seed[..seed.len() - 1]);
+    std::fs::write(&bad, &almost).unwrap();
+    let (code, out) = run(&[
+        "--upstream",
+        "nats://127.0.0.1:4222",
+        "--nkey-seed",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("--nkey-seed") && out.contains("bad.nk"),
+        "{out}"
+    );
+    assert!(!out.contains(&almost), "seed shown: {out}");
+    // A creds file whose seed is broken, likewise.
+    let creds = dir.0.join("u.creds");
+    std::fs::write(
+        &creds,
+        format!("-----BEGIN NATS USER JWT-----\na.b.c\n------END NATS USER JWT------\n\n-----BEGIN USER NKEY SEED-----\n{almost}\n------END USER NKEY SEED------\n"),
+    )
+    .unwrap();
+    let (code, out) = run(&[
+        "--upstream",
+        "nats://127.0.0.1:4222",
+        "--creds",
+        creds.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(!out.contains(&almost), "seed shown: {out}");
+}
