@@ -65,6 +65,34 @@ pub struct Opts {
     )]
     pub upstreams: Vec<String>,
 
+    /// Require TLS toward every upstream node, learned ones included (as if every URL
+    /// were tls://). A node that asks for TLS gets it anyway.
+    #[arg(long, env = "NATSPROXY_UPSTREAM_TLS", global = true, num_args = 0..=1, default_missing_value = "true")]
+    pub upstream_tls: Option<bool>,
+
+    /// PEM CA bundle to verify upstream servers with. [default: the system's roots]
+    #[arg(long, env = "NATSPROXY_UPSTREAM_TLS_CA", global = true)]
+    pub upstream_tls_ca: Option<PathBuf>,
+
+    /// PEM client certificate (chain) for upstream servers that verify clients (mTLS).
+    /// Re-read when the file changes (also the CA and the key).
+    #[arg(long, env = "NATSPROXY_UPSTREAM_TLS_CERT", global = true)]
+    pub upstream_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --upstream-tls-cert.
+    #[arg(long, env = "NATSPROXY_UPSTREAM_TLS_KEY", global = true)]
+    pub upstream_tls_key: Option<PathBuf>,
+
+    /// DANGER: accept any upstream certificate (no server verification at all).
+    #[arg(
+        long,
+        env = "NATSPROXY_UPSTREAM_TLS_INSECURE_SKIP_VERIFY",
+        global = true,
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub upstream_tls_insecure_skip_verify: Option<bool>,
+
     /// NATS .creds file (user JWT and nkey seed): the proxy signs each upstream node's
     /// nonce itself (a client's signature is bound to one connection).
     #[arg(long, env = "NATSPROXY_CREDS", global = true)]
@@ -189,6 +217,11 @@ const FILE_KEYS: &[&str] = &[
     "password",
     "token",
     "proxy_nkey_seed",
+    "upstream_tls",
+    "upstream_tls_ca",
+    "upstream_tls_cert",
+    "upstream_tls_key",
+    "upstream_tls_insecure_skip_verify",
 ];
 
 /// Reads a secret file; errors name the option and the path, never the content.
@@ -387,6 +420,41 @@ impl Opts {
         if let Some(p) = proxy_key {
             c.proxy_key = Some(seed_file("proxy-nkey-seed", &p)?);
         }
+        let flag = |cli: Option<bool>, key: &'static str| -> Result<bool, ConfigError> {
+            match cli {
+                Some(b) => Ok(b),
+                None => match file.get(key) {
+                    None => Ok(false),
+                    Some(toml::Value::Boolean(b)) => Ok(*b),
+                    Some(_) => Err(ConfigError::FileValue {
+                        key,
+                        why: "expected true or false".into(),
+                    }),
+                },
+            }
+        };
+        let file_path =
+            |cli: &Option<PathBuf>, key: &'static str| -> Result<Option<PathBuf>, ConfigError> {
+                match cli {
+                    Some(p) => Ok(Some(p.clone())),
+                    None => Ok(file_str(&file, key)?.map(PathBuf::from)),
+                }
+            };
+        c.upstream_tls = config::UpstreamTls {
+            required: flag(self.upstream_tls, "upstream_tls")?,
+            ca: file_path(&self.upstream_tls_ca, "upstream_tls_ca")?,
+            cert: file_path(&self.upstream_tls_cert, "upstream_tls_cert")?,
+            key: file_path(&self.upstream_tls_key, "upstream_tls_key")?,
+            insecure_skip_verify: flag(
+                self.upstream_tls_insecure_skip_verify,
+                "upstream_tls_insecure_skip_verify",
+            )?,
+        };
+        if c.upstream_tls.cert.is_some() != c.upstream_tls.key.is_some() {
+            return Err(ConfigError::Credentials(
+                "--upstream-tls-cert and --upstream-tls-key go together".into(),
+            ));
+        }
         if c.ping_interval.is_zero() {
             return Err(ConfigError::Duration {
                 field: "ping_interval",
@@ -429,6 +497,20 @@ impl Settings {
         match &c.credentials {
             Some(cr) => out += &format!("# credentials: {cr:?}\n"),
             None => out += "# credentials: none held (the first URL's, else the client's own)\n",
+        }
+        let t = &c.upstream_tls;
+        out += &format!("upstream_tls = {}\n", t.required);
+        for (k, v) in [
+            ("upstream_tls_ca", &t.ca),
+            ("upstream_tls_cert", &t.cert),
+            ("upstream_tls_key", &t.key),
+        ] {
+            if let Some(p) = v {
+                out += &format!("{k} = \"{}\"\n", p.display());
+            }
+        }
+        if t.insecure_skip_verify {
+            out += "upstream_tls_insecure_skip_verify = true  # DANGER: no server verification\n";
         }
         if let Some(k) = &c.proxy_key {
             out += &format!("# proxy key (proxy_sig): {}\n", k.public_key());

@@ -22,12 +22,32 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 pub use crate::proto::json::{Credentials, NkeySeed};
 
-/// One upstream server URL: `nats://[user:pass@|token@]host:port`.
+/// One upstream server URL: `nats://[user:pass@|token@]host:port`, or `tls://…` (TLS
+/// required), optionally `?tls_first` (TLS before INFO, for `handshake_first` servers).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpstreamUrl {
     /// `host:port`
     pub addr: String,
     pub credentials: Option<Credentials>,
+    /// TLS is required toward this node (`tls://`); a node that offers none is refused.
+    pub tls: bool,
+    /// TLS handshake before the server's INFO (`?tls_first`).
+    pub tls_first: bool,
+}
+
+/// TLS toward the upstreams (rustls). A node that asks for TLS (`tls_required` in its
+/// INFO) gets it even on a `nats://` URL; `tls://` or `--upstream-tls` insist on it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UpstreamTls {
+    /// Require TLS toward every node, learned ones included (`--upstream-tls`).
+    pub required: bool,
+    /// PEM CA bundle to verify servers with; the system's roots when None.
+    pub ca: Option<std::path::PathBuf>,
+    /// PEM client certificate chain and key, for servers with `verify: true`.
+    pub cert: Option<std::path::PathBuf>,
+    pub key: Option<std::path::PathBuf>,
+    /// Accept any server certificate (`--upstream-tls-insecure-skip-verify`).
+    pub insecure_skip_verify: bool,
 }
 
 /// A configuration error, naming the field and the fix.
@@ -62,17 +82,34 @@ impl UpstreamUrl {
             url: redact(url),
             why,
         };
-        let rest = if let Some(r) = url.strip_prefix("nats://") {
-            r
-        } else if url.starts_with("tls://") {
-            return Err(err(
-                "tls:// upstreams are not supported by this build; use nats://",
-            ));
-        } else if url.contains("://") {
-            return Err(err("unknown scheme; use nats://host:port"));
-        } else {
-            url
+        let (url_part, query) = match url.split_once('?') {
+            Some((u, q)) => (u, Some(q)),
+            None => (url, None),
         };
+        let mut tls = false;
+        let rest = if let Some(r) = url_part.strip_prefix("nats://") {
+            r
+        } else if let Some(r) = url_part.strip_prefix("tls://") {
+            tls = true;
+            r
+        } else if url_part.contains("://") {
+            return Err(err(
+                "unknown scheme; use nats://host:port or tls://host:port",
+            ));
+        } else {
+            url_part
+        };
+        let mut tls_first = false;
+        for q in query.into_iter().flat_map(|q| q.split('&')) {
+            match q {
+                "tls_first" | "tls_first=true" | "handshake_first" | "handshake_first=true" => {
+                    tls_first = true;
+                    tls = true;
+                }
+                "tls_first=false" | "handshake_first=false" | "" => {}
+                _ => return Err(err("unknown URL option; the one known is ?tls_first")),
+            }
+        }
         let rest = rest.trim_end_matches('/');
         let (auth, hostport) = match rest.rsplit_once('@') {
             Some((a, h)) => (Some(a), h),
@@ -110,6 +147,8 @@ impl UpstreamUrl {
         Ok(UpstreamUrl {
             addr: format!("{host}:{port}"),
             credentials,
+            tls,
+            tls_first,
         })
     }
 }
@@ -117,10 +156,14 @@ impl UpstreamUrl {
 impl UpstreamUrl {
     /// The URL with any password or token masked.
     pub fn masked(&self) -> String {
+        let scheme = if self.tls { "tls" } else { "nats" };
+        let q = if self.tls_first { "?tls_first" } else { "" };
         match &self.credentials {
-            None => format!("nats://{}", self.addr),
-            Some(Credentials::UserPass { user, .. }) => format!("nats://{user}:***@{}", self.addr),
-            Some(_) => format!("nats://***@{}", self.addr),
+            None => format!("{scheme}://{}{q}", self.addr),
+            Some(Credentials::UserPass { user, .. }) => {
+                format!("{scheme}://{user}:***@{}{q}", self.addr)
+            }
+            Some(_) => format!("{scheme}://***@{}{q}", self.addr),
         }
     }
 }
@@ -202,6 +245,7 @@ pub struct Config {
     pub credentials: Option<Credentials>,
     /// `--proxy-nkey-seed`: signs every upstream nonce into `proxy_sig`.
     pub proxy_key: Option<NkeySeed>,
+    pub upstream_tls: UpstreamTls,
 }
 
 impl Config {
@@ -223,6 +267,7 @@ impl Config {
             backoff_max: DEFAULT_BACKOFF_MAX,
             credentials: None,
             proxy_key: None,
+            upstream_tls: UpstreamTls::default(),
         }
     }
 
@@ -280,10 +325,20 @@ mod tests {
         );
         assert!(UpstreamUrl::parse("http://x:1").is_err());
         assert!(UpstreamUrl::parse("nats://x:notaport").is_err());
-        let e = UpstreamUrl::parse("tls://u:secret@x:1")
+        let u = UpstreamUrl::parse("tls://u:secret@x:1").unwrap();
+        assert!(u.tls && !u.tls_first);
+        assert_eq!(u.masked(), "tls://u:***@x:1");
+        let u = UpstreamUrl::parse("tls://x:1?tls_first").unwrap();
+        assert!(u.tls && u.tls_first);
+        assert!(
+            UpstreamUrl::parse("nats://x:1?handshake_first=true")
+                .unwrap()
+                .tls_first
+        );
+        let e = UpstreamUrl::parse("tls://u:secret@x:1?bogus")
             .unwrap_err()
             .to_string();
-        assert!(!e.contains("secret"), "{e}");
+        assert!(!e.contains("secret") && e.contains("tls_first"), "{e}");
     }
 
     #[test]

@@ -50,6 +50,8 @@ pub struct Stats {
     pub clients_accepted: Counter,
     pub clients_refused: Counter,
     pub upstream_connects: Counter,
+    /// Dials that failed: refused, timed out, TLS handshake or verification failed.
+    pub upstream_dial_failures: Counter,
     pub upstream_connections: Family<NodeLabel, Gauge>,
     pub migrations_by_reason: Family<ReasonLabel, Counter>,
     pub migration_seconds: HistogramFamily<ReasonLabel>,
@@ -91,6 +93,7 @@ impl Stats {
             clients_accepted: Counter::default(),
             clients_refused: Counter::default(),
             upstream_connects: Counter::default(),
+            upstream_dial_failures: Counter::default(),
             upstream_connections: Family::default(),
             migrations_by_reason: Family::default(),
             migration_seconds: Family::new_with_constructor(duration_histogram),
@@ -131,6 +134,11 @@ impl Stats {
             "upstream_connects",
             "Upstream connections established",
             s.upstream_connects.clone(),
+        );
+        r.register(
+            "upstream_dial_failures",
+            "Upstream dials that failed (refused, timed out, TLS handshake or verification)",
+            s.upstream_dial_failures.clone(),
         );
         r.register(
             "upstream_connections",

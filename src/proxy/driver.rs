@@ -13,17 +13,19 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tokio_util::io::poll_read_buf;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::tls::{Dialer, UpStream};
 use super::Stats;
 use crate::config::Config;
 use crate::metrics::{BufferLabel, DirectionLabel, NodeLabel, ReasonLabel};
@@ -42,18 +44,25 @@ pub(super) async fn refuse(mut stream: TcpStream) {
 }
 
 /// One socket with its buffers.
-struct Conn {
-    io: TcpStream,
+struct Conn<S> {
+    io: S,
     rbuf: BytesMut,
     wbuf: BytesMut,
 }
 
-impl Conn {
-    fn new(io: TcpStream) -> Conn {
+impl Conn<TcpStream> {
+    fn new(io: TcpStream) -> Self {
         let _ = io.set_nodelay(true);
+        Conn::with_read(io, BytesMut::with_capacity(READ_CHUNK))
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+    /// A connection whose first bytes were already read (the upstream INFO).
+    fn with_read(io: S, rbuf: BytesMut) -> Self {
         Conn {
             io,
-            rbuf: BytesMut::with_capacity(READ_CHUNK),
+            rbuf,
             wbuf: BytesMut::new(),
         }
     }
@@ -83,12 +92,12 @@ struct Upstream {
     epoch: Epoch,
     /// `host:port`, the metrics label.
     addr: String,
-    conn: Conn,
+    conn: Conn<UpStream>,
     /// Close once the write buffer is flushed.
     closing: bool,
 }
 
-type DialFuture = Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send>>;
+type DialFuture = Pin<Box<dyn Future<Output = io::Result<(UpStream, BytesMut)>> + Send>>;
 
 /// What this driver last reported to the process-wide gauges and counters.
 #[derive(Default)]
@@ -109,15 +118,16 @@ enum Event {
     ClientFlushedAndClosing,
     UpstreamData(Epoch),
     UpstreamLost(Epoch),
-    Dialed(Epoch, String, io::Result<TcpStream>),
+    Dialed(Epoch, String, io::Result<(UpStream, BytesMut)>),
     Timer,
 }
 
 struct Driver<'a> {
     cfg: &'a Config,
+    dialer: &'a Arc<Dialer>,
     stats: &'a Stats,
     session: Session,
-    client: Conn,
+    client: Conn<TcpStream>,
     client_closing: Option<CloseReason>,
     ups: Vec<Upstream>,
     dials: Vec<(Epoch, String, DialFuture)>,
@@ -135,12 +145,14 @@ struct Driver<'a> {
 pub(super) async fn serve(
     stream: TcpStream,
     cfg: &Config,
+    dialer: &Arc<Dialer>,
     stats: &Stats,
     shutdown: CancellationToken,
 ) {
     let now = Instant::now();
     let mut d = Driver {
         cfg,
+        dialer,
         stats,
         session: Session::new(cfg.session(), now.into_std()),
         client: Conn::new(stream),
@@ -230,7 +242,7 @@ impl Driver<'_> {
                     }
                     self.session.handle_upstream_lost(epoch, now);
                 }
-                Event::Dialed(epoch, addr, Ok(stream)) => {
+                Event::Dialed(epoch, addr, Ok((stream, first))) => {
                     self.stats.upstream_connects.inc();
                     self.stats
                         .upstream_connections
@@ -239,13 +251,19 @@ impl Driver<'_> {
                     self.ups.push(Upstream {
                         epoch,
                         addr,
-                        conn: Conn::new(stream),
+                        conn: Conn::with_read(stream, first),
                         closing: false,
                     });
                     self.session.handle_upstream_connected(epoch, now);
+                    // The dialer read the INFO (before TLS): the session gets it now.
+                    if let Some(u) = self.ups.last_mut().filter(|u| !u.conn.rbuf.is_empty()) {
+                        self.session
+                            .handle_upstream_bytes(epoch, &mut u.conn.rbuf, now);
+                    }
                 }
-                Event::Dialed(epoch, _, Err(e)) => {
-                    info!(%epoch, error = %e, "upstream dial failed");
+                Event::Dialed(epoch, addr, Err(e)) => {
+                    self.stats.upstream_dial_failures.inc();
+                    warn!(%epoch, upstream = %addr, error = %e, "upstream dial failed");
                     self.session.handle_upstream_lost(epoch, now);
                 }
                 Event::Timer => {
@@ -369,12 +387,8 @@ impl Driver<'_> {
                 Action::Dial { epoch, addr } => {
                     let timeout = self.cfg.connect_timeout;
                     let addr_label = addr.clone();
-                    let fut = async move {
-                        match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-                            Ok(r) => r,
-                            Err(_) => Err(io::ErrorKind::TimedOut.into()),
-                        }
-                    };
+                    let dialer = self.dialer.clone();
+                    let fut = async move { dialer.dial(&addr, timeout).await };
                     self.dials.push((epoch, addr_label, Box::pin(fut)));
                 }
                 Action::CloseUpstream(epoch) => {

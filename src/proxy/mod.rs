@@ -3,6 +3,7 @@
 
 mod driver;
 pub mod http;
+pub mod tls;
 
 use std::io;
 use std::net::SocketAddr;
@@ -23,12 +24,15 @@ pub struct Proxy {
     listener: TcpListener,
     metrics: Option<TcpListener>,
     cfg: Arc<Config>,
+    dialer: Arc<tls::Dialer>,
     stats: Arc<Stats>,
 }
 
 impl Proxy {
-    /// Binds the listen address.
+    /// Binds the listen address. Fails early on TLS files that do not load.
     pub async fn bind(cfg: Config) -> io::Result<Proxy> {
+        let dialer =
+            tls::Dialer::new(cfg.upstream_tls.clone(), &cfg.upstreams).map_err(io::Error::other)?;
         let listener = TcpListener::bind(cfg.listen).await?;
         let metrics = match cfg.metrics_listen {
             Some(a) => Some(TcpListener::bind(a).await?),
@@ -38,6 +42,7 @@ impl Proxy {
             listener,
             metrics,
             cfg: Arc::new(cfg),
+            dialer: Arc::new(dialer),
             stats: Arc::default(),
         })
     }
@@ -106,13 +111,14 @@ impl Proxy {
             conn_id += 1;
             self.stats.clients_accepted.inc();
             let cfg = self.cfg.clone();
+            let dialer = self.dialer.clone();
             let stats = self.stats.clone();
             let token = hard.child_token();
             let span = tracing::info_span!("client", conn = conn_id, %peer);
             tracker.spawn(
                 async move {
                     stats.clients_active.inc();
-                    driver::serve(stream, &cfg, &stats, token).await;
+                    driver::serve(stream, &cfg, &dialer, &stats, token).await;
                     stats.clients_active.dec();
                     drop(permit);
                 }

@@ -103,6 +103,8 @@ pub struct ServerOpts {
     pub max_payload: Option<usize>,
     /// Extra configuration lines.
     pub extra: String,
+    /// Ready once it listens (a `handshake_first` server sends no INFO before TLS).
+    pub ready_on_listen: bool,
 }
 
 impl NatsServer {
@@ -130,7 +132,11 @@ impl NatsServer {
             conf: conf_path,
         };
         s.spawn();
-        s.wait_ready().await;
+        if opts.ready_on_listen {
+            s.wait_listening().await;
+        } else {
+            s.wait_ready().await;
+        }
         s
     }
 
@@ -144,6 +150,17 @@ impl NatsServer {
             .spawn()
             .expect("spawn nats-server");
         self.child = Some(child);
+    }
+
+    /// Waits until the server accepts TCP connections.
+    pub async fn wait_listening(&self) {
+        let addr = self.addr();
+        within(Duration::from_secs(15), "nats-server to listen", async {
+            while TcpStream::connect(addr).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
     }
 
     /// Waits until the server answers a connection with INFO.

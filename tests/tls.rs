@@ -1,0 +1,270 @@
+//! TLS toward upstream nodes against a real nats-server, with certificates made at test
+//! time (rcgen): verification on by default, a wrong CA refused, the loudly named
+//! insecure switch, mutual TLS, `handshake_first` servers, and CA/certificate files
+//! re-read when they change without dropping open connections.
+
+mod common;
+use common::*;
+
+use futures::StreamExt;
+use natsproxy::config::{Config, UpstreamTls};
+use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+
+const T: Duration = Duration::from_secs(10);
+
+struct Ca {
+    cert: rcgen::Certificate,
+    key: KeyPair,
+}
+
+fn new_ca(name: &str) -> Ca {
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name.push(DnType::CommonName, name);
+    let key = KeyPair::generate().unwrap();
+    let cert = p.self_signed(&key).unwrap();
+    Ca { cert, key }
+}
+
+/// A leaf certificate signed by `ca`, as (cert PEM, key PEM).
+fn leaf(ca: &Ca, usage: ExtendedKeyUsagePurpose) -> (String, String) {
+    let mut p =
+        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    p.distinguished_name
+        .push(DnType::CommonName, "natsproxy test");
+    p.extended_key_usages = vec![usage];
+    let key = KeyPair::generate().unwrap();
+    let cert = p.signed_by(&key, &ca.cert, &ca.key).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+struct Pki {
+    dir: TempDir,
+    ca: Ca,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        Pki {
+            dir: TempDir::new("tls"),
+            ca: new_ca("natsproxy test CA"),
+        }
+    }
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.dir.0.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+    /// A `tls { }` block for nats-server.
+    fn server_block(&self, extra: &str) -> String {
+        let (cert, key) = leaf(&self.ca, ExtendedKeyUsagePurpose::ServerAuth);
+        let c = self.write("server.pem", &cert);
+        let k = self.write("server.key", &key);
+        let ca = self.write("server-ca.pem", &self.ca.cert.pem());
+        format!(
+            "tls {{ cert_file: \"{}\", key_file: \"{}\", ca_file: \"{}\", timeout: 2 {extra} }}\n",
+            c.display(),
+            k.display(),
+            ca.display()
+        )
+    }
+}
+
+async fn tls_server(pki: &Pki, extra: &str) -> NatsServer {
+    NatsServer::start(ServerOpts {
+        extra: pki.server_block(extra),
+        ready_on_listen: extra.contains("handshake_first"),
+        ..Default::default()
+    })
+    .await
+}
+
+async fn roundtrip(c: &async_nats::Client, subject: &str) {
+    let mut sub = c.subscribe(subject.to_string()).await.unwrap();
+    within(T, &format!("a message on {subject}"), async {
+        loop {
+            c.publish(subject.to_string(), "x".into()).await.unwrap();
+            if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), sub.next()).await
+            {
+                return;
+            }
+        }
+    })
+    .await;
+}
+
+async fn proxy(url: String, tls: UpstreamTls) -> TestProxy {
+    TestProxy::start_with(&[url], move |c: &mut Config| {
+        c.upstream_tls = tls;
+        c.connect_timeout = Duration::from_secs(2);
+    })
+    .await
+}
+
+/// A client of a proxy whose upstream cannot be reached: it never gets an INFO, and is
+/// closed (at start-up the proxy tries each node once; the client's own retry takes over).
+async fn refused_client(p: &TestProxy) {
+    let mut s = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    let mut got = Vec::new();
+    within(T, "the proxy to close the client", s.read_to_end(&mut got))
+        .await
+        .unwrap();
+    let got = String::from_utf8_lossy(&got);
+    assert!(!got.contains("INFO"), "{got}");
+    assert!(p.stats.upstream_dial_failures.get() >= 1);
+}
+
+#[tokio::test]
+async fn verified_tls_upstream_and_a_wrong_ca_refused() {
+    init_logs();
+    let pki = Pki::new();
+    let server = tls_server(&pki, "").await;
+    let ca = pki.write("ca.pem", &pki.ca.cert.pem());
+    let tls = UpstreamTls {
+        ca: Some(ca.clone()),
+        ..Default::default()
+    };
+    // tls:// with the right CA; the client itself speaks cleartext to the proxy.
+    let p = proxy(format!("tls://127.0.0.1:{}", server.port), tls.clone()).await;
+    let c = async_nats::connect(p.url()).await.unwrap();
+    assert!(
+        !c.server_info().tls_required,
+        "the client must not start TLS"
+    );
+    roundtrip(&c, "tls.ok").await;
+    // nats:// to a server that asks for TLS: TLS anyway.
+    let p2 = proxy(server.url(), tls).await;
+    let c2 = async_nats::connect(p2.url()).await.unwrap();
+    roundtrip(&c2, "tls.asked").await;
+
+    // Another CA: the certificate is refused, the client gets nothing.
+    let other = pki.write("other-ca.pem", &new_ca("someone else").cert.pem());
+    let bad = proxy(
+        format!("tls://127.0.0.1:{}", server.port),
+        UpstreamTls {
+            ca: Some(other.clone()),
+            ..Default::default()
+        },
+    )
+    .await;
+    refused_client(&bad).await;
+    assert_eq!(bad.stats.upstream_connects.get(), 0);
+    // The same CA with verification switched off: connects.
+    let insecure = proxy(
+        format!("tls://127.0.0.1:{}", server.port),
+        UpstreamTls {
+            ca: Some(other),
+            insecure_skip_verify: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let c3 = async_nats::connect(insecure.url()).await.unwrap();
+    roundtrip(&c3, "tls.insecure").await;
+
+    // tls:// toward a node that offers no TLS: refused, never cleartext.
+    let plain = NatsServer::start(ServerOpts::default()).await;
+    let downgrade = proxy(
+        format!("tls://127.0.0.1:{}", plain.port),
+        UpstreamTls {
+            ca: Some(ca),
+            ..Default::default()
+        },
+    )
+    .await;
+    refused_client(&downgrade).await;
+}
+
+#[tokio::test]
+async fn mutual_tls_and_handshake_first() {
+    init_logs();
+    let pki = Pki::new();
+    let ca = pki.write("ca.pem", &pki.ca.cert.pem());
+    let (cert, key) = leaf(&pki.ca, ExtendedKeyUsagePurpose::ClientAuth);
+    let cert = pki.write("client.pem", &cert);
+    let key = pki.write("client.key", &key);
+    let verifying = tls_server(&pki, ", verify: true").await;
+    let with_cert = UpstreamTls {
+        ca: Some(ca.clone()),
+        cert: Some(cert),
+        key: Some(key),
+        ..Default::default()
+    };
+    let p = proxy(
+        format!("tls://127.0.0.1:{}", verifying.port),
+        with_cert.clone(),
+    )
+    .await;
+    let c = async_nats::connect(p.url()).await.unwrap();
+    roundtrip(&c, "mtls.ok").await;
+    // Without a client certificate the server ends the connection after the handshake
+    // (TLS 1.3 checks it last): the proxy never gets a working upstream.
+    let p2 = proxy(
+        format!("tls://127.0.0.1:{}", verifying.port),
+        UpstreamTls {
+            ca: Some(ca),
+            ..Default::default()
+        },
+    )
+    .await;
+    let c2 = async_nats::connect(p2.url()).await.unwrap();
+    within(
+        T,
+        "the server to refuse the proxy's certificate-less TLS",
+        async {
+            while !verifying.log().contains("TLS handshake error") {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
+    assert_eq!(p2.stats.sessions_with_upstream.get(), 0);
+    drop(c2);
+
+    // A server that wants the TLS handshake before its INFO.
+    let first = tls_server(&pki, ", handshake_first: true").await;
+    let p3 = proxy(
+        format!("tls://127.0.0.1:{}?tls_first", first.port),
+        with_cert,
+    )
+    .await;
+    let c3 = async_nats::connect(p3.url()).await.unwrap();
+    roundtrip(&c3, "tls.first").await;
+}
+
+#[tokio::test]
+async fn ca_file_changes_apply_to_new_connections_only() {
+    init_logs();
+    let pki = Pki::new();
+    let server = tls_server(&pki, "").await;
+    let wrong = new_ca("not the server's").cert.pem();
+    let ca_file = pki.write("ca.pem", &wrong);
+    let p = proxy(
+        format!("tls://127.0.0.1:{}", server.port),
+        UpstreamTls {
+            ca: Some(ca_file.clone()),
+            ..Default::default()
+        },
+    )
+    .await;
+    // The wrong CA: refused.
+    refused_client(&p).await;
+    // The right CA is put in place: the next dial uses it, no restart.
+    pki.write("ca.pem", &pki.ca.cert.pem());
+    let c = async_nats::connect(p.url()).await.unwrap();
+    roundtrip(&c, "reload.ok").await;
+    // Back to a wrong CA: the open connection keeps working, new ones fail.
+    let failures = p.stats.upstream_dial_failures.get();
+    std::fs::write(&ca_file, new_ca("another stranger").cert.pem()).unwrap();
+    refused_client(&p).await;
+    assert!(p.stats.upstream_dial_failures.get() > failures);
+    roundtrip(&c, "reload.still").await;
+    assert_eq!(
+        c.connection_state(),
+        async_nats::connection::State::Connected
+    );
+    assert_eq!(p.stats.upstream_connects.get(), 1);
+}
