@@ -14,6 +14,15 @@ use crate::config::{self, Config, ConfigError, Credentials, NkeySeed, UpstreamUr
 /// Point your client (e.g. Vector's `sources.nats.url`) at --listen; natsproxy holds one
 /// upstream connection per client to a node of --upstream and moves it, invisibly to the
 /// client, when that node leaves.
+///
+/// Bounds (each named below where it can be set): --max-clients connections;
+/// --max-client-pending bytes queued toward one client (then it is closed as a slow
+/// consumer); --max-backlog client bytes held toward the upstream (then the client is not
+/// read); --max-hold bytes held back from the new node during a migration (then released
+/// early and counted as possible duplicates); 200,000 de-duplication fingerprints; a client
+/// control line of 4096 argument bytes and the upstream's max_payload, both as
+/// nats-server enforces them; 64 KiB for an upstream control line and 64 MiB for an
+/// upstream payload.
 #[derive(Debug, Parser)]
 #[command(name = "natsproxy", version, about, long_about)]
 pub struct Cli {
@@ -155,6 +164,12 @@ pub struct Opts {
     #[arg(long, env = "NATSPROXY_MAX_BACKLOG", global = true)]
     pub max_backlog: Option<String>,
 
+    /// Bound: bytes held back from the new upstream while both old and new deliver during a
+    /// migration; past it the oldest are released early and counted as possible
+    /// duplicates. [default: 16MiB]
+    #[arg(long, env = "NATSPROXY_MAX_HOLD", global = true)]
+    pub max_hold: Option<String>,
+
     /// How long the new upstream's subscriptions get to propagate through the cluster
     /// before the old upstream's are removed during a lame-duck migration. [default: 250ms]
     #[arg(long, env = "NATSPROXY_SETTLE", global = true)]
@@ -206,6 +221,7 @@ const FILE_KEYS: &[&str] = &[
     "max_clients",
     "max_client_pending",
     "max_backlog",
+    "max_hold",
     "settle",
     "max_outage",
     "shutdown_grace",
@@ -358,6 +374,7 @@ impl Opts {
             c.max_client_pending,
         )?;
         c.max_backlog = size(&self.max_backlog, "max_backlog", c.max_backlog)?;
+        c.max_hold = size(&self.max_hold, "max_hold", c.max_hold)?;
         if let Some(v) = pick(&self.max_clients, "max_clients")? {
             c.max_clients =
                 v.trim()
@@ -524,6 +541,7 @@ impl Settings {
         out += &format!("max_clients = {}\n", c.max_clients);
         out += &format!("max_client_pending = {}\n", c.max_client_pending);
         out += &format!("max_backlog = {}\n", c.max_backlog);
+        out += &format!("max_hold = {}\n", c.max_hold);
         out += &format!("settle = {}\n", d(c.settle));
         out += &format!("max_outage = {}\n", d(c.max_outage));
         out += &format!("shutdown_grace = {}\n", d(c.shutdown_grace));

@@ -234,6 +234,8 @@ pub struct Config {
     pub max_clients: usize,
     pub max_client_pending: usize,
     pub max_backlog: usize,
+    /// Bound of bytes held back from the new link during a migration overlap.
+    pub max_hold: usize,
     pub shutdown_grace: Duration,
     pub settle: Duration,
     pub max_outage: Duration,
@@ -260,6 +262,7 @@ impl Config {
             max_clients: DEFAULT_MAX_CLIENTS,
             max_client_pending: DEFAULT_MAX_CLIENT_PENDING,
             max_backlog: DEFAULT_MAX_BACKLOG,
+            max_hold: crate::session::dedup::DEFAULT_MAX_HOLD_BYTES,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             settle: DEFAULT_SETTLE,
             max_outage: DEFAULT_MAX_OUTAGE,
@@ -288,7 +291,7 @@ impl Config {
             backoff_min: self.backoff_min,
             backoff_max: self.backoff_max,
             max_dedup_entries: crate::session::dedup::DEFAULT_MAX_ENTRIES,
-            max_hold_bytes: crate::session::dedup::DEFAULT_MAX_HOLD_BYTES,
+            max_hold_bytes: self.max_hold,
             seed: fastrand::u64(..),
         }
     }

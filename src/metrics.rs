@@ -76,6 +76,9 @@ pub struct Stats {
     pub ready: Gauge,
     /// Longest lame-duck-INFO-to-switch time seen, in microseconds.
     pub max_switch_us: AtomicU64,
+    /// Largest write buffer toward a client at the moment it was closed as a slow
+    /// consumer (bytes): the bound plus at most one read's worth.
+    pub max_slow_consumer_pending: AtomicU64,
 }
 
 impl Default for Stats {
@@ -113,6 +116,7 @@ impl Stats {
             sessions_with_upstream: Gauge::default(),
             ready: Gauge::default(),
             max_switch_us: AtomicU64::new(0),
+            max_slow_consumer_pending: AtomicU64::new(0),
             registry: Registry::default(),
         };
         r.register(

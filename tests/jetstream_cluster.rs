@@ -6,7 +6,7 @@
 //! message ids (retried until stored, de-duplicated by the stream).
 
 mod common;
-use common::cluster::{Cluster, ClusterOpts};
+use common::cluster::{http_get, Cluster, ClusterOpts};
 use common::*;
 
 use async_nats::jetstream::{self, consumer::pull, stream};
@@ -538,4 +538,165 @@ async fn sigkill_of_the_proxys_node_during_consumption() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigstop_of_the_proxys_node_during_consumption() {
     fault_during_consumption(true).await;
+}
+
+/// VmRSS of a process, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Soak: repeated lame-duck rolling restarts of a 3-node JetStream cluster for
+/// `NATSPROXY_SOAK_SECS` (default 300), with Vector's JetStream consumer and a core
+/// subscriber behind one natsproxy process (the release binary, so that its RSS is its
+/// own). Asserts no Err item, nothing lost, no duplicate the proxy made, core order kept,
+/// one client connection each throughout, and RSS at the end within 8 MiB of the RSS
+/// after the first round. Run: `cargo test --release --test jetstream_cluster -- --ignored soak --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: run by hand (see the doc comment)"]
+async fn soak_rolling_restarts() {
+    init_logs();
+    let secs: u64 = std::env::var("NATSPROXY_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300);
+    let mut cluster = js_cluster().await;
+    setup_stream(&cluster, 3, None).await;
+    let port = free_port();
+    let metrics = free_port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_natsproxy"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--metrics-listen", &format!("127.0.0.1:{metrics}")])
+        .args(["--upstream", &cluster.urls().join(",")])
+        .args(["--log-level", "warn"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let url = format!("nats://127.0.0.1:{port}");
+    within(Duration::from_secs(10), "proxy to listen", async {
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    // JetStream: publisher on the 4th node, Vector's consumer through the proxy.
+    let seen: Shared = Arc::default();
+    let (seq, stop) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let publisher_url = cluster.publisher.as_ref().unwrap().url();
+    let js_pub = spawn_js_publisher(publisher_url.clone(), seq.clone(), stop.clone());
+    let consumer = spawn_vector_consumer(url.clone(), seen.clone());
+    // Core: numbered messages every 2 ms from the 4th node; a subscriber through the proxy.
+    let core_client = async_nats::connect(&url).await.unwrap();
+    let mut core_sub = core_client.subscribe("soak.core").await.unwrap();
+    let core_pub = async_nats::connect(&publisher_url).await.unwrap();
+    loop {
+        core_pub.publish("soak.core", "probe".into()).await.unwrap();
+        if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(100), core_sub.next()).await
+        {
+            break;
+        }
+    }
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(100), core_sub.next()).await
+    {
+    }
+    let core_seq = Arc::new(AtomicU64::new(0));
+    let core_tx = {
+        let (p, n, stop) = (core_pub.clone(), core_seq.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(2));
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                let i = n.fetch_add(1, Ordering::Relaxed);
+                p.publish("soak.core", i.to_string().into()).await.unwrap();
+            }
+            p.flush().await.unwrap();
+        })
+    };
+    let core_rx = tokio::spawn(async move {
+        let mut got = Vec::new();
+        while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(20), core_sub.next()).await
+        {
+            if let Ok(n) = std::str::from_utf8(&m.payload).unwrap_or("").parse::<u64>() {
+                got.push(n);
+            }
+        }
+        got
+    });
+
+    let started = Instant::now();
+    let mut rounds = 0;
+    let mut rss_start = 0;
+    while started.elapsed() < Duration::from_secs(secs) {
+        for i in 0..3 {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            cluster.lame_duck(i);
+            cluster.wait_exit(i, Duration::from_secs(40)).await;
+            cluster.restart(i).await;
+        }
+        rounds += 1;
+        if rounds == 1 {
+            rss_start = rss_kib(pid);
+        }
+        assert!(
+            seen.lock().unwrap().err.is_none(),
+            "Err item after {rounds} rounds"
+        );
+    }
+    let rss_end = rss_kib(pid);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    js_pub.await.unwrap();
+    core_tx.await.unwrap();
+    let published = seq.load(Ordering::Relaxed);
+    wait_all(&seen, published, Duration::from_secs(60)).await;
+    let core = core_rx.await.unwrap();
+    let core_published = core_seq.load(Ordering::Relaxed);
+    let out_of_order = core.windows(2).filter(|w| w[1] < w[0]).count();
+    let dups = core.windows(2).filter(|w| w[1] == w[0]).count();
+    let mut distinct = core.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let body = http_get(metrics, "/metrics").await.unwrap_or_default();
+    let m = |name: &str| metric(&body, name).unwrap_or(-1.0);
+    println!(
+        "soak: {:?}, {rounds} rolling restarts ({} lame-duck restarts); proxy RSS after round 1 {rss_start} KiB, at the end {rss_end} KiB; \
+         core: published {core_published}, received {}, distinct {}, duplicates {dups}, out of order {out_of_order}; \
+         upstream connects {}, duplicates suppressed {}, pulls re-issued {}, statuses shielded {}, client connections accepted {}",
+        started.elapsed(),
+        rounds * 3,
+        core.len(),
+        distinct.len(),
+        m("natsproxy_upstream_connects_total"),
+        m("natsproxy_duplicates_suppressed_total"),
+        m("natsproxy_pull_requests_reissued_total"),
+        m("natsproxy_statuses_shielded_total"),
+        m("natsproxy_client_connections_accepted_total"),
+    );
+    report("soak, JetStream", &seen, published, None);
+    assert_eq!((dups, out_of_order), (0, 0), "core duplicates / reordering");
+    assert_eq!(distinct.len() as u64, core_published, "core messages lost");
+    assert_eq!(
+        m("natsproxy_client_connections_accepted_total"),
+        2.0,
+        "a client reconnected"
+    );
+    assert!(
+        rss_end <= rss_start + 8 * 1024,
+        "proxy RSS grew from {rss_start} KiB to {rss_end} KiB"
+    );
+    consumer.abort();
+    let _ = child.kill();
+    let _ = child.wait();
 }

@@ -226,6 +226,10 @@ impl Driver<'_> {
                     }
                     if self.client.wbuf.len() > self.cfg.max_client_pending {
                         self.stats.slow_consumers.inc();
+                        self.stats.max_slow_consumer_pending.fetch_max(
+                            self.client.wbuf.len() as u64,
+                            std::sync::atomic::Ordering::Relaxed,
+                        );
                         warn!(
                             pending = self.client.wbuf.len(),
                             "slow consumer: closing client"
