@@ -134,6 +134,29 @@ pub struct Opts {
     #[arg(long, env = "NATSPROXY_PROXY_NKEY_SEED", global = true)]
     pub proxy_nkey_seed: Option<PathBuf>,
 
+    /// Token clients must present to natsproxy (their CONNECT's auth_token); others get
+    /// -ERR 'Authorization Violation', as from nats-server. [default: no client auth]
+    #[arg(
+        long,
+        env = "NATSPROXY_CLIENT_TOKEN",
+        global = true,
+        hide_env_values = true
+    )]
+    pub client_token: Option<String>,
+
+    /// User name clients must present to natsproxy (with --client-password).
+    #[arg(long, env = "NATSPROXY_CLIENT_USER", global = true)]
+    pub client_user: Option<String>,
+
+    /// Password clients must present to natsproxy (with --client-user).
+    #[arg(
+        long,
+        env = "NATSPROXY_CLIENT_PASSWORD",
+        global = true,
+        hide_env_values = true
+    )]
+    pub client_password: Option<String>,
+
     /// Serve /metrics (Prometheus), /healthz and /readyz here, e.g. 0.0.0.0:9464 for
     /// Kubernetes probes. [default: off]
     #[arg(long, env = "NATSPROXY_METRICS_LISTEN", global = true)]
@@ -238,6 +261,9 @@ const FILE_KEYS: &[&str] = &[
     "upstream_tls_cert",
     "upstream_tls_key",
     "upstream_tls_insecure_skip_verify",
+    "client_token",
+    "client_user",
+    "client_password",
 ];
 
 /// Reads a secret file; errors name the option and the path, never the content.
@@ -472,6 +498,20 @@ impl Opts {
                 "--upstream-tls-cert and --upstream-tls-key go together".into(),
             ));
         }
+        c.client_auth = match (
+            pick(&self.client_token, "client_token")?,
+            pick(&self.client_user, "client_user")?,
+            pick(&self.client_password, "client_password")?,
+        ) {
+            (None, None, None) => None,
+            (Some(t), None, None) => Some(config::ClientAuth::Token(t)),
+            (None, Some(user), Some(pass)) => Some(config::ClientAuth::UserPass { user, pass }),
+            _ => {
+                return Err(ConfigError::Credentials(
+                    "give either --client-token or --client-user with --client-password".into(),
+                ))
+            }
+        };
         if c.ping_interval.is_zero() {
             return Err(ConfigError::Duration {
                 field: "ping_interval",
@@ -528,6 +568,9 @@ impl Settings {
         }
         if t.insecure_skip_verify {
             out += "upstream_tls_insecure_skip_verify = true  # DANGER: no server verification\n";
+        }
+        if let Some(a) = &c.client_auth {
+            out += &format!("# client authentication: {a:?}\n");
         }
         if let Some(k) = &c.proxy_key {
             out += &format!("# proxy key (proxy_sig): {}\n", k.public_key());

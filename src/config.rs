@@ -20,7 +20,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default time given to connections to finish on shutdown.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-pub use crate::proto::json::{Credentials, NkeySeed};
+pub use crate::proto::json::{ClientAuth, Credentials, NkeySeed};
 
 /// One upstream server URL: `nats://[user:pass@|token@]host:port`, or `tls://…` (TLS
 /// required), optionally `?tls_first` (TLS before INFO, for `handshake_first` servers).
@@ -248,6 +248,8 @@ pub struct Config {
     /// `--proxy-nkey-seed`: signs every upstream nonce into `proxy_sig`.
     pub proxy_key: Option<NkeySeed>,
     pub upstream_tls: UpstreamTls,
+    /// Credentials clients must present (`--client-token`, `--client-user`/`--client-password`).
+    pub client_auth: Option<ClientAuth>,
 }
 
 impl Config {
@@ -271,6 +273,7 @@ impl Config {
             credentials: None,
             proxy_key: None,
             upstream_tls: UpstreamTls::default(),
+            client_auth: None,
         }
     }
 
@@ -283,6 +286,7 @@ impl Config {
                 .clone()
                 .or_else(|| self.upstreams.first().and_then(|u| u.credentials.clone())),
             proxy_key: self.proxy_key.clone(),
+            client_auth: self.client_auth.clone(),
             ping_interval: self.ping_interval,
             max_pings_out: 2,
             max_backlog: self.max_backlog,

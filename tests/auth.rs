@@ -186,3 +186,64 @@ fn secrets_never_appear_in_output_or_errors() {
     assert_eq!(code, Some(2), "{out}");
     assert!(!out.contains(&almost), "seed shown: {out}");
 }
+
+#[tokio::test]
+async fn client_authentication_answers_as_nats_server_does() {
+    init_logs();
+    let upstream = NatsServer::start(ServerOpts::default()).await;
+    // A real server that wants the same token, to compare the answers with.
+    let reference = NatsServer::start(ServerOpts {
+        extra: "authorization { token: \"ctok\" }\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let proxy = TestProxy::start_with(&[upstream.url()], |c| {
+        c.client_auth = Some(natsproxy::config::ClientAuth::Token("ctok".into()));
+    })
+    .await;
+    let cases: [&[u8]; 4] = [
+        b"PUB x 1\r\na\r\n",
+        b"CONNECT {\"verbose\":false,\"auth_token\":\"wrong\"}\r\nPING\r\n",
+        b"CONNECT {\"verbose\":false}\r\nPING\r\n",
+        b"CONNECT {\"verbose\":false,\"auth_token\":\"ctok\"}\r\nPING\r\n",
+    ];
+    for input in cases {
+        let direct = raw_exchange(reference.addr(), input).await;
+        let proxied = raw_exchange(proxy.addr, input).await;
+        assert_eq!(proxied, direct, "{}", String::from_utf8_lossy(input));
+    }
+    // The INFO asks for credentials, so async-nats sends them.
+    let ok = async_nats::ConnectOptions::with_token("ctok".into())
+        .connect(proxy.url())
+        .await
+        .unwrap();
+    roundtrip(&ok, "client.auth").await;
+    let bad = async_nats::ConnectOptions::with_token("nope".into())
+        .max_reconnects(1)
+        .connect(proxy.url())
+        .await;
+    assert!(bad.is_err());
+
+    // User and password.
+    let proxy = TestProxy::start_with(&[upstream.url()], |c| {
+        c.client_auth = Some(natsproxy::config::ClientAuth::UserPass {
+            user: "v".into(),
+            pass: "p".into(),
+        });
+    })
+    .await;
+    let ok = async_nats::ConnectOptions::with_user_and_password("v".into(), "p".into())
+        .connect(proxy.url())
+        .await
+        .unwrap();
+    roundtrip(&ok, "client.auth.user").await;
+    let (reply, closed) = raw_exchange(
+        proxy.addr,
+        b"CONNECT {\"verbose\":false,\"user\":\"v\",\"pass\":\"x\"}\r\nPING\r\n",
+    )
+    .await;
+    assert_eq!(
+        (reply.as_str(), closed),
+        ("-ERR 'Authorization Violation'\r\n", true)
+    );
+}

@@ -71,6 +71,42 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
+/// What natsproxy itself asks of its clients (`--client-token`, `--client-user` and
+/// `--client-password`). Without it, clients are not authenticated by the proxy.
+#[derive(Clone, PartialEq, Eq)]
+pub enum ClientAuth {
+    Token(String),
+    UserPass { user: String, pass: String },
+}
+
+impl std::fmt::Debug for ClientAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientAuth::Token(_) => write!(f, "Token(***)"),
+            ClientAuth::UserPass { user, .. } => write!(f, "UserPass({user}, ***)"),
+        }
+    }
+}
+
+/// Equal in time independent of where they differ.
+fn same_secret(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl ClientAuth {
+    /// True if a client's CONNECT carries these credentials.
+    pub fn admits(&self, o: &ClientOptions) -> bool {
+        match self {
+            ClientAuth::Token(t) => o.auth_token.as_deref().is_some_and(|c| same_secret(c, t)),
+            ClientAuth::UserPass { user, pass } => {
+                o.user.as_deref() == Some(user.as_str())
+                    && o.pass.as_deref().is_some_and(|c| same_secret(c, pass))
+            }
+        }
+    }
+}
+
 impl Credentials {
     /// Reads a NATS `.creds` file: the user JWT and the nkey seed between their
     /// `-----BEGIN …-----` / `------END …------` markers.

@@ -54,7 +54,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
-use crate::proto::json::{ClientOptions, Credentials, NkeySeed, ServerInfo};
+use crate::proto::json::{ClientAuth, ClientOptions, Credentials, NkeySeed, ServerInfo};
 use crate::proto::{
     encode, subject, ClientDecoder, ClientOp, Limits, Message, ProtoError, ServerOp,
 };
@@ -88,6 +88,8 @@ pub struct SessionConfig {
     pub credentials: Option<Credentials>,
     /// The proxy's own key: signs each upstream nonce into `proxy_sig` (trusted proxies).
     pub proxy_key: Option<NkeySeed>,
+    /// Credentials clients must present to the proxy (then never passed upstream).
+    pub client_auth: Option<ClientAuth>,
     /// Interval of the proxy's keepalive PINGs upstream.
     pub ping_interval: Duration,
     /// A link with a PING unanswered for `ping_interval * max_pings_out` is stale.
@@ -114,6 +116,7 @@ impl Default for SessionConfig {
             upstreams: vec!["127.0.0.1:4222".into()],
             credentials: None,
             proxy_key: None,
+            client_auth: None,
             ping_interval: DEFAULT_PING_INTERVAL,
             max_pings_out: 2,
             max_backlog: DEFAULT_MAX_BACKLOG,
@@ -497,6 +500,10 @@ impl Session {
             return;
         }
         if !matches!(op, ClientOp::Connect(_)) && self.client_state != ClientState::Connected {
+            if self.cfg.client_auth.is_some() {
+                // nats-server, when it requires authentication, takes nothing before CONNECT.
+                return self.close_with_err("Authorization Violation", CloseReason::ClientProtocol);
+            }
             // nats-server serves a client that skips CONNECT with its default options.
             self.client_connected();
         }
@@ -539,7 +546,18 @@ impl Session {
 
     fn on_connect(&mut self, json: &[u8]) {
         match self.opts.apply_connect(json) {
-            Ok(o) => {
+            Ok(mut o) => {
+                if let Some(auth) = &self.cfg.client_auth {
+                    if !auth.admits(&o) {
+                        warn!("client authentication failed");
+                        return self.close_with_err(
+                            "Authorization Violation",
+                            CloseReason::ClientProtocol,
+                        );
+                    }
+                    // The client's proxy credentials are not the cluster's.
+                    (o.user, o.pass, o.auth_token) = (None, None, None);
+                }
                 self.opts = o;
                 self.client_dec.set_headers(self.opts.headers);
                 if self.client_state != ClientState::Connected {
@@ -886,7 +904,8 @@ impl Session {
         };
         let mp = info.max_payload.unwrap_or(crate::proto::MAX_PAYLOAD);
         // Clients send credentials only when asked; ask when theirs pass through.
-        let auth = info.auth_required && self.cfg.credentials.is_none();
+        let auth =
+            self.cfg.client_auth.is_some() || info.auth_required && self.cfg.credentials.is_none();
         let json = info.client_info_json(mp, auth);
         self.client_dec.set_limits(Limits {
             max_payload: mp,
