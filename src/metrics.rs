@@ -79,7 +79,23 @@ pub struct Stats {
     /// Largest write buffer toward a client at the moment it was closed as a slow
     /// consumer (bytes): the bound plus at most one read's worth.
     pub max_slow_consumer_pending: AtomicU64,
+    /// The hot per-direction series, resolved once: updating them is one atomic add, no
+    /// label hashing or family lock on the relay path.
+    pub hot: Hot,
 }
+
+/// Pre-resolved series of the label families updated on every read.
+pub struct Hot {
+    pub msgs_to_client: Counter,
+    pub msgs_to_upstream: Counter,
+    pub bytes_to_client: Counter,
+    pub bytes_to_upstream: Counter,
+    /// client_out, upstream_out, backlog, hold (as `BUFFERS`).
+    pub buffers: [Gauge; 4],
+}
+
+/// The `buffer` label values, in the order of [`Hot::buffers`].
+pub const BUFFERS: [&str; 4] = ["client_out", "upstream_out", "backlog", "hold"];
 
 impl Default for Stats {
     fn default() -> Self {
@@ -91,6 +107,21 @@ impl Stats {
     /// All metrics, registered under the `natsproxy` prefix.
     pub fn new() -> Stats {
         let mut r = Registry::with_prefix("natsproxy");
+        let bytes: Family<DirectionLabel, Counter> = Family::default();
+        let messages: Family<DirectionLabel, Counter> = Family::default();
+        let buffered_bytes: Family<BufferLabel, Gauge> = Family::default();
+        let dir = |d| DirectionLabel { direction: d };
+        let hot = Hot {
+            msgs_to_client: messages.get_or_create(&dir("upstream_to_client")).clone(),
+            msgs_to_upstream: messages.get_or_create(&dir("client_to_upstream")).clone(),
+            bytes_to_client: bytes.get_or_create(&dir("upstream_to_client")).clone(),
+            bytes_to_upstream: bytes.get_or_create(&dir("client_to_upstream")).clone(),
+            buffers: BUFFERS.map(|b| {
+                buffered_bytes
+                    .get_or_create(&BufferLabel { buffer: b })
+                    .clone()
+            }),
+        };
         let s = Stats {
             clients_active: Gauge::default(),
             clients_accepted: Counter::default(),
@@ -109,9 +140,10 @@ impl Stats {
             possible_duplicates: Counter::default(),
             publishes_resent: Counter::default(),
             slow_consumers: Counter::default(),
-            bytes: Family::default(),
-            messages: Family::default(),
-            buffered_bytes: Family::default(),
+            bytes,
+            messages,
+            buffered_bytes,
+            hot,
             upstream_rtt_seconds: duration_histogram(),
             sessions_with_upstream: Gauge::default(),
             ready: Gauge::default(),
@@ -265,14 +297,13 @@ impl Stats {
             before.statuses_shielded,
             now.statuses_shielded,
         );
-        let dir = |d| DirectionLabel { direction: d };
         add(
-            &self.messages.get_or_create(&dir("upstream_to_client")),
+            &self.hot.msgs_to_client,
             before.msgs_to_client,
             now.msgs_to_client,
         );
         add(
-            &self.messages.get_or_create(&dir("client_to_upstream")),
+            &self.hot.msgs_to_upstream,
             before.msgs_to_upstream,
             now.msgs_to_upstream,
         );

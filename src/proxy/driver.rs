@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 use super::tls::{Dialer, UpStream};
 use super::Stats;
 use crate::config::Config;
-use crate::metrics::{BufferLabel, DirectionLabel, NodeLabel, ReasonLabel};
+use crate::metrics::{NodeLabel, ReasonLabel};
 use crate::session::{Action, CloseReason, Epoch, Session, SessionEvent, SessionStats};
 
 /// Spare capacity ensured before each read.
@@ -108,8 +108,6 @@ struct Reported {
     bytes_to_client: u64,
     bytes_to_upstream: u64,
 }
-
-const BUFFERS: [&str; 4] = ["client_out", "upstream_out", "backlog", "hold"];
 
 enum Event {
     Shutdown,
@@ -224,6 +222,7 @@ impl Driver<'_> {
                         self.session
                             .handle_upstream_bytes(epoch, &mut u.conn.rbuf, now);
                     }
+                    self.apply_actions();
                     if self.client.wbuf.len() > self.cfg.max_client_pending {
                         self.stats.slow_consumers.inc();
                         self.stats.max_slow_consumer_pending.fetch_max(
@@ -306,9 +305,7 @@ impl Driver<'_> {
         let cur = [self.client.wbuf.len(), upstream_out, backlog, hold].map(|v| v as i64);
         for (i, (&c, r)) in cur.iter().zip(self.reported.buffers.iter_mut()).enumerate() {
             if c != *r {
-                st.buffered_bytes
-                    .get_or_create(&BufferLabel { buffer: BUFFERS[i] })
-                    .inc_by(c - *r);
+                st.hot.buffers[i].inc_by(c - *r);
                 *r = c;
             }
         }
@@ -321,16 +318,15 @@ impl Driver<'_> {
             }
             self.reported.has_upstream = has;
         }
-        let dir = |d| DirectionLabel { direction: d };
         if self.bytes_to_client != self.reported.bytes_to_client {
-            st.bytes
-                .get_or_create(&dir("upstream_to_client"))
+            st.hot
+                .bytes_to_client
                 .inc_by(self.bytes_to_client - self.reported.bytes_to_client);
             self.reported.bytes_to_client = self.bytes_to_client;
         }
         if self.bytes_to_upstream != self.reported.bytes_to_upstream {
-            st.bytes
-                .get_or_create(&dir("client_to_upstream"))
+            st.hot
+                .bytes_to_upstream
                 .inc_by(self.bytes_to_upstream - self.reported.bytes_to_upstream);
             self.reported.bytes_to_upstream = self.bytes_to_upstream;
         }
@@ -342,10 +338,7 @@ impl Driver<'_> {
             self.upstream_gone(&u);
         }
         for (i, r) in self.reported.buffers.iter_mut().enumerate() {
-            self.stats
-                .buffered_bytes
-                .get_or_create(&BufferLabel { buffer: BUFFERS[i] })
-                .dec_by(*r);
+            self.stats.hot.buffers[i].dec_by(*r);
             *r = 0;
         }
         if self.reported.has_upstream {
@@ -374,6 +367,11 @@ impl Driver<'_> {
     }
 
     fn apply_actions(&mut self) {
+        if self.client_closing.is_none() {
+            let before = self.client.wbuf.len();
+            self.session.take_client_output(&mut self.client.wbuf);
+            self.bytes_to_client += (self.client.wbuf.len() - before) as u64;
+        }
         while let Some(a) = self.session.poll_action() {
             match a {
                 Action::ToClient(b) => {

@@ -262,6 +262,8 @@ pub struct Session {
     /// Publishes written to the primary since the last confirmation PING.
     unpinged: bool,
     actions: VecDeque<Action>,
+    /// Bytes for the client, in order (see `poll_action`).
+    client_out: BytesMut,
     /// The `now` of the event being handled.
     now: Instant,
     rng: fastrand::Rng,
@@ -307,6 +309,7 @@ impl Session {
             backlog_bytes: 0,
             unpinged: false,
             actions: VecDeque::new(),
+            client_out: BytesMut::new(),
             now,
             rng,
             stats: SessionStats::default(),
@@ -319,8 +322,26 @@ impl Session {
     }
 
     /// The next action for the driver, in order.
+    ///
+    /// Bytes for the client are gathered into one buffer and come first, as one
+    /// `ToClient`: nothing queued for the client ever has to wait for another action.
     pub fn poll_action(&mut self) -> Option<Action> {
+        if !self.client_out.is_empty() {
+            return Some(Action::ToClient(self.client_out.split().freeze()));
+        }
         self.actions.pop_front()
+    }
+
+    /// Moves what is queued for the client to the end of `dst` (the driver's write
+    /// buffer): a swap when `dst` is empty, so relayed bytes are copied once in all.
+    /// Call before [`poll_action`](Self::poll_action).
+    pub fn take_client_output(&mut self, dst: &mut BytesMut) {
+        if dst.is_empty() {
+            std::mem::swap(dst, &mut self.client_out);
+        } else {
+            dst.extend_from_slice(&self.client_out);
+            self.client_out.clear();
+        }
     }
 
     /// The earliest moment `handle_timeout` must be called.
@@ -345,7 +366,8 @@ impl Session {
                 drain,
                 self.linger_until,
                 outage,
-                self.pulls.poll_timeout(),
+                // Re-issues wait for a working upstream (see `reissue_due_pulls`).
+                self.pulls.poll_timeout().filter(|_| self.has_upstream()),
             ])
             .flatten()
             .min()
@@ -473,7 +495,7 @@ impl Session {
 
     fn send_client(&mut self, b: Bytes) {
         if self.client_state != ClientState::Closed {
-            self.actions.push_back(Action::ToClient(b));
+            self.client_out.extend_from_slice(&b);
         }
     }
 
@@ -1283,7 +1305,10 @@ impl Session {
 
     /// Sends the pull requests whose re-issue is due.
     fn reissue_due_pulls(&mut self) {
-        if self.pulls.is_empty() {
+        // Without a working upstream a re-issue would only pile up in the backlog, and be
+        // sent as many times as it was due (each adds credit): it waits for the next
+        // link, where every request is re-issued once anyway.
+        if self.pulls.is_empty() || !self.has_upstream() {
             return;
         }
         for frame in self.pulls.on_timeout(self.now) {

@@ -495,3 +495,23 @@ fn a_jetstream_delivery_arriving_on_both_links_is_forwarded_once() {
     assert_eq!(h.s.upstream_addr(), Some("x:1"));
     assert_eq!(h.s.stats().statuses_shielded, 1);
 }
+
+/// Found by the session fuzz target: with no upstream (the dial never completes), a pull
+/// request's heartbeat deadline passing again and again re-issued it into the backlog
+/// each time, past the backlog bound (and each copy would have added credit).
+#[test]
+fn no_pull_reissue_piles_up_without_an_upstream() {
+    let mut h = H::new();
+    h.actions();
+    h.client(b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB _INBOX.x.1 1\r\n");
+    h.client(b"PUB $JS.API.CONSUMER.MSG.NEXT.S.C _INBOX.x.1 67\r\n{\"batch\":3,\"expires\":0,\"idle_heartbeat\":56070000000,\"no_wait\":true}\r\n");
+    let backlog = h.s.buffered().0;
+    assert!(backlog > 0, "the request waits for an upstream");
+    for _ in 0..20 {
+        h.now += Duration::from_secs(56);
+        h.s.handle_timeout(h.now);
+        h.actions();
+    }
+    assert_eq!(h.s.buffered().0, backlog, "nothing added while no upstream");
+    assert_eq!(h.s.stats().pulls_reissued, 0);
+}
