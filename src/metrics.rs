@@ -110,17 +110,27 @@ impl Stats {
         let bytes: Family<DirectionLabel, Counter> = Family::default();
         let messages: Family<DirectionLabel, Counter> = Family::default();
         let buffered_bytes: Family<BufferLabel, Gauge> = Family::default();
-        let dir = |d| DirectionLabel { direction: d };
+        // One statement per series: `get_or_create` returns a read guard that lives to the
+        // end of its statement, and the next one may need the write lock.
+        fn counter(f: &Family<DirectionLabel, Counter>, d: &'static str) -> Counter {
+            let c = f.get_or_create(&DirectionLabel { direction: d }).clone();
+            c
+        }
+        fn gauge(f: &Family<BufferLabel, Gauge>, b: &'static str) -> Gauge {
+            let g = f.get_or_create(&BufferLabel { buffer: b }).clone();
+            g
+        }
+        let msgs_to_client = counter(&messages, "upstream_to_client");
+        let msgs_to_upstream = counter(&messages, "client_to_upstream");
+        let bytes_to_client = counter(&bytes, "upstream_to_client");
+        let bytes_to_upstream = counter(&bytes, "client_to_upstream");
+        let buffers = BUFFERS.map(|b| gauge(&buffered_bytes, b));
         let hot = Hot {
-            msgs_to_client: messages.get_or_create(&dir("upstream_to_client")).clone(),
-            msgs_to_upstream: messages.get_or_create(&dir("client_to_upstream")).clone(),
-            bytes_to_client: bytes.get_or_create(&dir("upstream_to_client")).clone(),
-            bytes_to_upstream: bytes.get_or_create(&dir("client_to_upstream")).clone(),
-            buffers: BUFFERS.map(|b| {
-                buffered_bytes
-                    .get_or_create(&BufferLabel { buffer: b })
-                    .clone()
-            }),
+            msgs_to_client,
+            msgs_to_upstream,
+            bytes_to_client,
+            bytes_to_upstream,
+            buffers,
         };
         let s = Stats {
             clients_active: Gauge::default(),

@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const N: u64 = 20_000;
 const SIZE: usize = 1024;
-const BOUND: usize = 256 * 1024;
+const BOUND: usize = 4 * 1024 * 1024;
 
 /// Publishes N numbered 1 KiB messages on `load` and returns how long the healthy
 /// subscriber took to get all of them.

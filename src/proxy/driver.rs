@@ -115,6 +115,8 @@ enum Event {
     ClientGone,
     ClientFlushedAndClosing,
     UpstreamData(Epoch),
+    /// More than `max_client_pending` bytes the client's socket would not take.
+    SlowConsumer,
     UpstreamLost(Epoch),
     Dialed(Epoch, String, io::Result<(UpStream, BytesMut)>),
     Timer,
@@ -222,21 +224,17 @@ impl Driver<'_> {
                         self.session
                             .handle_upstream_bytes(epoch, &mut u.conn.rbuf, now);
                     }
+                }
+                Event::SlowConsumer => {
+                    let pending = self.client.wbuf.len();
+                    self.stats.slow_consumers.inc();
+                    self.stats
+                        .max_slow_consumer_pending
+                        .fetch_max(pending as u64, std::sync::atomic::Ordering::Relaxed);
+                    warn!(pending, "slow consumer: closing client");
+                    self.session.handle_client_closed();
                     self.apply_actions();
-                    if self.client.wbuf.len() > self.cfg.max_client_pending {
-                        self.stats.slow_consumers.inc();
-                        self.stats.max_slow_consumer_pending.fetch_max(
-                            self.client.wbuf.len() as u64,
-                            std::sync::atomic::Ordering::Relaxed,
-                        );
-                        warn!(
-                            pending = self.client.wbuf.len(),
-                            "slow consumer: closing client"
-                        );
-                        self.session.handle_client_closed();
-                        self.apply_actions();
-                        return CloseReason::SlowConsumer;
-                    }
+                    return CloseReason::SlowConsumer;
                 }
                 Event::UpstreamLost(epoch) => {
                     if let Some(i) = self.ups.iter().position(|u| u.epoch == epoch) {
@@ -422,6 +420,11 @@ impl Driver<'_> {
         if let Poll::Ready(Err(e)) = self.client.poll_flush_buf(cx) {
             debug!(error = %e, "client write failed");
             return Poll::Ready(Event::ClientGone);
+        }
+        // What the client's socket would not take now is its pending data; past the bound
+        // it is a slow consumer (nats-server's rule), however fast it is read otherwise.
+        if self.client_closing.is_none() && self.client.wbuf.len() > self.cfg.max_client_pending {
+            return Poll::Ready(Event::SlowConsumer);
         }
         if self.client_closing.is_some() && self.client.wbuf.is_empty() {
             return Poll::Ready(Event::ClientFlushedAndClosing);
