@@ -568,7 +568,15 @@ async fn soak_rolling_restarts() {
     setup_stream(&cluster, 3, None).await;
     let port = free_port();
     let metrics = free_port();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_natsproxy"))
+    /// The proxy process, killed when the test ends, also by a failed assertion.
+    struct Child(std::process::Child);
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_natsproxy"))
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--metrics-listen", &format!("127.0.0.1:{metrics}")])
         .args(["--upstream", &cluster.urls().join(",")])
@@ -576,7 +584,8 @@ async fn soak_rolling_restarts() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let pid = child.id();
+    let child = Child(child);
+    let pid = child.0.id();
     let url = format!("nats://127.0.0.1:{port}");
     within(Duration::from_secs(10), "proxy to listen", async {
         while tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -708,6 +717,5 @@ async fn soak_rolling_restarts() {
         "proxy RSS grew from {rss_start} KiB to {rss_end} KiB"
     );
     consumer.abort();
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
 }
