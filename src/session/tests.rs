@@ -227,8 +227,11 @@ fn no_responders_status_only_for_clients_that_asked() {
 #[test]
 fn garbage_from_upstream_is_a_lost_link_not_a_panic() {
     let mut h = H::connected();
-    let a = h.upstream(1, b"BOGUS\r\n");
+    let a = h.upstream(1, b"MSG a 1 3\r\nabc\r\nBOGUS\r\nMSG a 1 3\r\nxyz\r\n");
     assert!(a.contains(&Action::CloseUpstream(Epoch(1))), "{a:?}");
+    // Nothing of the garbage, nor what follows it, reaches the client.
+    assert!(!String::from_utf8_lossy(&to_client(&a)).contains("BOGUS"));
+    assert!(!String::from_utf8_lossy(&to_client(&a)).contains("xyz"));
     assert!(
         a.iter().any(|a| matches!(a, Action::Dial { .. })),
         "fails over: {a:?}"
