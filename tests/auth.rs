@@ -5,31 +5,12 @@
 mod common;
 use common::*;
 
-use futures::StreamExt;
 use natsproxy::config::{Credentials, NkeySeed};
 use std::process::{Command, Stdio};
-use std::time::Duration;
-
-const T: Duration = Duration::from_secs(10);
 
 fn new_user() -> (String, String) {
     let kp = nkeys::KeyPair::new_user();
     (kp.seed().unwrap(), kp.public_key())
-}
-
-/// Subscribes, then publishes until a message arrives (the proxy may be between nodes).
-async fn roundtrip(c: &async_nats::Client, subject: &str) {
-    let mut sub = c.subscribe(subject.to_string()).await.unwrap();
-    within(T, &format!("a message on {subject}"), async {
-        loop {
-            c.publish(subject.to_string(), "x".into()).await.unwrap();
-            if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), sub.next()).await
-            {
-                return;
-            }
-        }
-    })
-    .await;
 }
 
 #[tokio::test]

@@ -6,7 +6,6 @@
 mod common;
 use common::*;
 
-use futures::StreamExt;
 use natsproxy::config::{Config, UpstreamTls};
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
 use std::path::PathBuf;
@@ -80,20 +79,6 @@ async fn tls_server(pki: &Pki, extra: &str) -> NatsServer {
         ..Default::default()
     })
     .await
-}
-
-async fn roundtrip(c: &async_nats::Client, subject: &str) {
-    let mut sub = c.subscribe(subject.to_string()).await.unwrap();
-    within(T, &format!("a message on {subject}"), async {
-        loop {
-            c.publish(subject.to_string(), "x".into()).await.unwrap();
-            if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), sub.next()).await
-            {
-                return;
-            }
-        }
-    })
-    .await;
 }
 
 async fn proxy(url: String, tls: UpstreamTls) -> TestProxy {

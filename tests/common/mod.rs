@@ -324,3 +324,25 @@ pub fn metric(body: &str, sample: &str) -> Option<f64> {
         .find(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
         .and_then(|l| l[sample.len()..].trim().parse().ok())
 }
+
+/// Subscribes to `subject`, then publishes until a message comes back (the proxy may be
+/// between nodes or still dialing), within 10 s.
+pub async fn roundtrip(c: &async_nats::Client, subject: &str) {
+    use futures::StreamExt;
+    let mut sub = c.subscribe(subject.to_string()).await.unwrap();
+    within(
+        Duration::from_secs(10),
+        &format!("a message on {subject}"),
+        async {
+            loop {
+                c.publish(subject.to_string(), "x".into()).await.unwrap();
+                if let Ok(Some(_)) =
+                    tokio::time::timeout(Duration::from_millis(200), sub.next()).await
+                {
+                    return;
+                }
+            }
+        },
+    )
+    .await;
+}
