@@ -60,13 +60,7 @@ fn relay(listen: &str, upstream: &str) {
     });
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::free_port;
 
 fn server_bin() -> std::path::PathBuf {
     if let Ok(p) = std::env::var("NATS_SERVER_BIN") {

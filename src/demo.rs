@@ -76,9 +76,32 @@ mod imp {
             .find(|p| p.is_file())
     }
 
+    /// A free loopback port below the kernel's ephemeral range, so that no outgoing
+    /// connection (a route, a client) takes it between this check and the server's bind,
+    /// nor while a node is down for its restart. Falls back to `bind(0)` where the range
+    /// leaves no room below it.
     fn free_port() -> Res<u16> {
-        let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-        Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        const LO: u32 = 10_000;
+        let ephemeral_lo = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+            .unwrap_or(0);
+        if ephemeral_lo < LO + 1_000 {
+            let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+            return Ok(l.local_addr().map_err(|e| e.to_string())?.port());
+        }
+        let span = ephemeral_lo - LO;
+        let seed = std::process::id().wrapping_mul(7_919);
+        for _ in 0..span {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let port = (LO + seed.wrapping_add(n) % span) as u16;
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+        Err(format!("no free port in {LO}..{ephemeral_lo}"))
     }
 
     struct Node {

@@ -59,12 +59,47 @@ pub fn server_version() -> String {
 }
 
 /// A free TCP port on loopback.
+///
+/// Ports come from below the kernel's ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`), walked from a per-process offset. A port
+/// from `bind(0)` is an ephemeral one, and between the check and the server's own bind an
+/// outgoing connection (a route, a client) may take it as its local port; a CI run failed
+/// that way ("Error listening on router port ... address already in use"). Ports below the
+/// range are only ever taken by listeners, and the counter keeps this process from handing
+/// out one twice; a node restarted on its old port is safe for the same reason.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_lo = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(0);
+    const LO: u32 = 10_000;
+    if ephemeral_lo < LO + 1_000 {
+        // No room below the ephemeral range: fall back to the kernel's pick.
+        return TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+    }
+    let span = ephemeral_lo - LO;
+    static SEED: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let seed = *SEED.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        std::process::id().wrapping_mul(7_919) ^ nanos
+    });
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (LO + seed.wrapping_add(n) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {LO}..{ephemeral_lo}");
 }
 
 /// A temporary directory removed on drop.
