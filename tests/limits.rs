@@ -15,14 +15,27 @@ const N: u64 = 20_000;
 const SIZE: usize = 1024;
 const BOUND: usize = 4 * 1024 * 1024;
 
-/// Publishes N numbered 1 KiB messages on `load` and returns how long the healthy
-/// subscriber took to get all of them.
+/// Messages the publisher may be ahead of the healthy subscriber: 1 MiB in flight, well
+/// under the bound, so only a client that stops reading can reach it. (Unpaced, a burst
+/// of 20 MB outran the healthy client itself in 1 of 8 runs, and it was cut off too.)
+const WINDOW: u64 = 1_000;
+
+/// Publishes N numbered 1 KiB messages on `load`, at most WINDOW ahead of the healthy
+/// subscriber, and returns how long that subscriber took to get all of them.
 async fn run_load(publisher: &async_nats::Client, sub: &mut async_nats::Subscriber) -> Duration {
     let started = Instant::now();
     let payload = vec![b'x'; SIZE - 8];
     let p = publisher.clone();
+    let (got_tx, mut got_rx) = tokio::sync::watch::channel(0u64);
     let tx = tokio::spawn(async move {
         for i in 0..N {
+            if i >= *got_rx.borrow() + WINDOW {
+                p.flush().await.unwrap();
+                got_rx
+                    .wait_for(|&got| i < got + WINDOW)
+                    .await
+                    .expect("subscriber alive");
+            }
             let mut m = format!("{i:08}").into_bytes();
             m.extend_from_slice(&payload);
             p.publish("load", m.into()).await.unwrap();
@@ -42,6 +55,9 @@ async fn run_load(publisher: &async_nats::Client, sub: &mut async_nats::Subscrib
                     .unwrap();
                 assert_eq!(n, next, "in order, none lost");
                 next += 1;
+                if next % 100 == 0 {
+                    got_tx.send_replace(next);
+                }
             }
         },
     )
