@@ -4,6 +4,8 @@
 //!
 //!   cargo bench --bench e2e                 # full run (7 rounds)
 //!   cargo bench --bench e2e -- --quick      # smoke run (CI): 1 round, small counts
+//!   cargo bench --bench e2e -- --only sub --sizes 128 --rounds 9
+//!                                           # one section (sub, pub, rr, js), for A/B work
 //!
 //! Both the relay and natsproxy run as their own processes (the relay is this binary
 //! re-executed with `--relay`), so CPU time and RSS are theirs alone.
@@ -26,6 +28,21 @@ fn main() {
         return relay(&args[i + 1], &args[i + 2]);
     }
     let quick = args.iter().any(|a| a == "--quick");
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let opts = Opts {
+        quick,
+        only: value("--only"),
+        rounds: value("--rounds").map(|r| r.parse().expect("--rounds N")),
+        sizes: value("--sizes").map(|s| {
+            s.split(',')
+                .map(|v| v.parse().expect("--sizes 128,1024"))
+                .collect()
+        }),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -34,7 +51,21 @@ fn main() {
     if args.iter().any(|a| a == "--migration") {
         return rt.block_on(migration_table());
     }
-    rt.block_on(run(quick));
+    rt.block_on(run(opts));
+}
+
+struct Opts {
+    quick: bool,
+    /// Run one section only: sub, pub, rr, js.
+    only: Option<String>,
+    rounds: Option<usize>,
+    sizes: Option<Vec<usize>>,
+}
+
+impl Opts {
+    fn runs(&self, section: &str) -> bool {
+        self.only.as_deref().is_none_or(|o| o == section)
+    }
 }
 
 /// The plain relay: accept on `listen`, copy bytes both ways to `upstream`.
@@ -435,7 +466,8 @@ fn pct(lat: &[Duration], p: f64) -> Duration {
     lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)]
 }
 
-async fn run(quick: bool) {
+async fn run(opts: Opts) {
+    let quick = opts.quick;
     let sport = free_port();
     let dir = std::env::temp_dir().join(format!("natsproxy-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -491,7 +523,7 @@ async fn run(quick: bool) {
         proxy_pid: proxy.0.id(),
         relay_pid: relay.0.id(),
     };
-    let rounds = if quick { 1 } else { 7 };
+    let rounds = opts.rounds.unwrap_or(if quick { 1 } else { 7 });
     let n_sub: u64 = if quick { 20_000 } else { 500_000 };
     let n_js: u64 = if quick { 2_000 } else { 50_000 };
     let (rate, secs) = if quick { (500, 0.5) } else { (1000, 5.0) };
@@ -524,12 +556,14 @@ async fn run(quick: bool) {
         usage(env.proxy_pid).1
     };
 
-    for size in [128usize, 1024] {
+    let sizes = opts.sizes.clone().unwrap_or(vec![128, 1024]);
+    for &size in sizes.iter().filter(|_| opts.runs("sub")) {
         let mut rates: std::collections::HashMap<&str, Vec<f64>> = Default::default();
         let mut r_proxy_relay = Vec::new();
         let mut r_proxy_direct = Vec::new();
         let mut r_relay_direct = Vec::new();
         let mut cpu_per_m = Vec::new();
+        let mut relay_cpu_per_m = Vec::new();
         let mut peak_rss = 0;
         for round in 0..rounds {
             let mut this = std::collections::HashMap::new();
@@ -540,12 +574,19 @@ async fn run(quick: bool) {
                 paths.iter().rev().copied().collect()
             };
             for p in order {
-                let (cpu0, _) = usage(env.proxy_pid);
+                let pid = match p {
+                    Path::Relay => env.relay_pid,
+                    _ => env.proxy_pid,
+                };
+                let (cpu0, _) = usage(pid);
                 let r = sub_throughput(&env, p, size, n_sub).await;
-                let (cpu1, rss) = usage(env.proxy_pid);
+                let (cpu1, rss) = usage(pid);
                 if p == Path::Proxy {
                     cpu_per_m.push((cpu1 - cpu0) / n_sub as f64 * 1e6);
                     peak_rss = peak_rss.max(rss);
+                }
+                if p == Path::Relay {
+                    relay_cpu_per_m.push((cpu1 - cpu0) / n_sub as f64 * 1e6);
                 }
                 this.insert(p, r);
                 rates
@@ -575,86 +616,93 @@ async fn run(quick: bool) {
             median(cpu_per_m)
         );
         println!(
+            "| relay CPU s per million messages | {:.3} |",
+            median(relay_cpu_per_m)
+        );
+        println!(
             "| natsproxy RSS at peak | {:.1} MiB |",
             peak_rss as f64 / 1024.0
         );
     }
 
     // Publisher throughput.
-    let mut pr = Vec::new();
-    let mut pd = std::collections::HashMap::<&str, Vec<f64>>::new();
-    for round in 0..rounds {
-        let mut this = std::collections::HashMap::new();
-        let order: Vec<Path> = if round % 2 == 0 {
-            paths.to_vec()
-        } else {
-            paths.iter().rev().copied().collect()
-        };
-        for p in order {
-            let r = pub_throughput(&env, p, 128, n_sub).await;
-            this.insert(p, r);
-            pd.entry(match p {
-                Path::Direct => "direct",
-                Path::Relay => "relay",
-                Path::Proxy => "natsproxy",
-            })
-            .or_default()
-            .push(r);
+    if opts.runs("pub") {
+        let mut pr = Vec::new();
+        let mut pd = std::collections::HashMap::<&str, Vec<f64>>::new();
+        for round in 0..rounds {
+            let mut this = std::collections::HashMap::new();
+            let order: Vec<Path> = if round % 2 == 0 {
+                paths.to_vec()
+            } else {
+                paths.iter().rev().copied().collect()
+            };
+            for p in order {
+                let r = pub_throughput(&env, p, 128, n_sub).await;
+                this.insert(p, r);
+                pd.entry(match p {
+                    Path::Direct => "direct",
+                    Path::Relay => "relay",
+                    Path::Proxy => "natsproxy",
+                })
+                .or_default()
+                .push(r);
+            }
+            pr.push(this[&Path::Proxy] / this[&Path::Relay]);
         }
-        pr.push(this[&Path::Proxy] / this[&Path::Relay]);
+        println!("\n### Publisher throughput through the path, 128 B\n\n| path | msg/s (median) |\n|---|---|");
+        for k in ["direct", "relay", "natsproxy"] {
+            println!("| {k} | {:.0} |", median(pd[k].clone()));
+        }
+        println!("| natsproxy / relay (median ratio) | {:.3} |", median(pr));
     }
-    println!("\n### Publisher throughput through the path, 128 B\n\n| path | msg/s (median) |\n|---|---|");
-    for k in ["direct", "relay", "natsproxy"] {
-        println!("| {k} | {:.0} |", median(pd[k].clone()));
-    }
-    println!("| natsproxy / relay (median ratio) | {:.3} |", median(pr));
-
     // Request/reply latency.
-    println!("\n### Request/reply round trip at {rate}/s ({secs} s per run; medians of {rounds} rounds)\n");
-    println!("| path | p50 µs | p99 µs | p99.9 µs |\n|---|---|---|---|");
-    let mut lat: std::collections::HashMap<Path, Percentiles> = Default::default();
-    for round in 0..rounds {
-        let order: Vec<Path> = if round % 2 == 0 {
-            paths.to_vec()
-        } else {
-            paths.iter().rev().copied().collect()
-        };
-        for p in order {
-            let l = req_reply(&env, p, rate, secs).await;
-            let e = lat.entry(p).or_default();
-            e.0.push(pct(&l, 0.5).as_secs_f64() * 1e6);
-            e.1.push(pct(&l, 0.99).as_secs_f64() * 1e6);
-            e.2.push(pct(&l, 0.999).as_secs_f64() * 1e6);
+    if opts.runs("rr") {
+        println!("\n### Request/reply round trip at {rate}/s ({secs} s per run; medians of {rounds} rounds)\n");
+        println!("| path | p50 µs | p99 µs | p99.9 µs |\n|---|---|---|---|");
+        let mut lat: std::collections::HashMap<Path, Percentiles> = Default::default();
+        for round in 0..rounds {
+            let order: Vec<Path> = if round % 2 == 0 {
+                paths.to_vec()
+            } else {
+                paths.iter().rev().copied().collect()
+            };
+            for p in order {
+                let l = req_reply(&env, p, rate, secs).await;
+                let e = lat.entry(p).or_default();
+                e.0.push(pct(&l, 0.5).as_secs_f64() * 1e6);
+                e.1.push(pct(&l, 0.99).as_secs_f64() * 1e6);
+                e.2.push(pct(&l, 0.999).as_secs_f64() * 1e6);
+            }
+        }
+        for p in paths {
+            let e = &lat[&p];
+            println!(
+                "| {p:?} | {:.0} | {:.0} | {:.0} |",
+                median(e.0.clone()),
+                median(e.1.clone()),
+                median(e.2.clone())
+            );
         }
     }
-    for p in paths {
-        let e = &lat[&p];
-        println!(
-            "| {p:?} | {:.0} | {:.0} | {:.0} |",
-            median(e.0.clone()),
-            median(e.1.clone()),
-            median(e.2.clone())
-        );
-    }
-
     // JetStream pull consumption with acks.
-    println!("\n### JetStream pull consumption with acks (Vector's loop), {n_js} messages\n\n| path | msg/s (median) |\n|---|---|");
-    let mut js: std::collections::HashMap<Path, Vec<f64>> = Default::default();
-    for round in 0..rounds.min(3) {
-        let order: Vec<Path> = if round % 2 == 0 {
-            paths.to_vec()
-        } else {
-            paths.iter().rev().copied().collect()
-        };
-        for p in order {
-            js.entry(p).or_default().push(js_pull(&env, p, n_js).await);
+    if opts.runs("js") {
+        println!("\n### JetStream pull consumption with acks (Vector's loop), {n_js} messages\n\n| path | msg/s (median) |\n|---|---|");
+        let mut js: std::collections::HashMap<Path, Vec<f64>> = Default::default();
+        for round in 0..rounds.min(3) {
+            let order: Vec<Path> = if round % 2 == 0 {
+                paths.to_vec()
+            } else {
+                paths.iter().rev().copied().collect()
+            };
+            for p in order {
+                js.entry(p).or_default().push(js_pull(&env, p, n_js).await);
+            }
+        }
+        for p in paths {
+            println!("| {p:?} | {:.0} |", median(js[&p].clone()));
         }
     }
-    for p in paths {
-        println!("| {p:?} | {:.0} |", median(js[&p].clone()));
-    }
-
-    if !quick {
+    if !quick && opts.only.is_none() {
         migration_table().await;
     }
 
