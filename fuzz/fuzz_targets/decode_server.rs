@@ -1,5 +1,6 @@
 //! Server-direction decoder: the same bytes decoded whole and split at fuzzer-chosen
-//! points give the same ops and the same error, and never panic.
+//! points give the same ops and the same error, and never panic; the relay's fast path
+//! (`peek_msg`) agrees with `decode` wherever it sees a message.
 #![no_main]
 
 use bytes::BytesMut;
@@ -44,10 +45,27 @@ fn decode(limits: Limits, chunks: &[&[u8]]) -> (Vec<ServerOp>, Option<ProtoError
     for c in chunks {
         buf.extend_from_slice(c);
         loop {
+            // The relay's fast path: where it sees a MSG, decode returns the same one.
+            let view = dec.peek_msg(&buf);
+            let before = buf.clone();
             match dec.decode(&mut buf) {
-                Ok(Some(op)) => ops.push(op),
-                Ok(None) => break,
-                Err(e) => return (ops, Some(e)),
+                Ok(Some(op)) => {
+                    if let Some(v) = view {
+                        match &op {
+                            ServerOp::Msg(m) => assert!(v.agrees_with(&before, m), "{v:?}"),
+                            _ => panic!("peek saw a MSG, decode {op:?}"),
+                        }
+                    }
+                    ops.push(op)
+                }
+                Ok(None) => {
+                    assert!(view.is_none(), "peek saw a MSG in an incomplete frame");
+                    break;
+                }
+                Err(e) => {
+                    assert!(view.is_none(), "peek saw a MSG where decode failed: {e:?}");
+                    return (ops, Some(e));
+                }
             }
         }
     }

@@ -117,30 +117,47 @@ fn is_blank(c: u8) -> bool {
     c == b' ' || c == b'\t'
 }
 
-fn is_arg_sep(c: u8) -> bool {
-    matches!(c, b' ' | b'\t' | b'\r' | b'\n')
+/// Byte classes as lookup tables: one load a byte in the field-splitting loops, which are
+/// most of the decoder's work on small messages.
+type Class = [bool; 256];
+
+const fn class(members: &[u8]) -> Class {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < members.len() {
+        t[members[i] as usize] = true;
+        i += 1;
+    }
+    t
 }
+
+/// Separators of PUB/HPUB arguments (nats-server splits those on blanks only).
+static BLANK: Class = class(b" \t");
+/// Separators of SUB/UNSUB/MSG/HMSG arguments.
+static ARG_SEP: Class = class(b" \t\r\n");
 
 /// Splits `buf[range]` into at most `N` fields; more fields is an error.
 /// Spans are absolute offsets into `buf`.
+#[inline(always)]
 fn split_args<const N: usize>(
     buf: &[u8],
     start: usize,
     end: usize,
-    sep: fn(u8) -> bool,
+    sep: &Class,
 ) -> Option<([Span; N], usize)> {
     let mut out = [Span::default(); N];
     let mut n = 0;
+    let args = &buf[..end];
     let mut i = start;
     while i < end {
-        while i < end && sep(buf[i]) {
+        while i < end && sep[usize::from(args[i])] {
             i += 1;
         }
         if i == end {
             break;
         }
         let s = i;
-        while i < end && !sep(buf[i]) {
+        while i < end && !sep[usize::from(args[i])] {
             i += 1;
         }
         if n == N {
@@ -262,7 +279,10 @@ impl Framer {
             return Ok(None);
         };
         let nl = from + off;
-        let has_cr = self.cr_seen || memchr::memchr(b'\r', &buf[from..nl]).is_some();
+        // The usual `\r\n` settles it without a scan.
+        let has_cr = (nl > from && buf[nl - 1] == b'\r')
+            || self.cr_seen
+            || memchr::memchr(b'\r', &buf[from..nl]).is_some();
         self.scanned = 0;
         self.cr_seen = false;
         let arg_start = skip_blanks(buf, name_end, nl);
@@ -380,7 +400,7 @@ impl ClientDecoder {
             }
             Verb::Pub => {
                 let (f, n) =
-                    split_args::<3>(buf, a, b, is_blank).ok_or(ProtoError::BadArgs("PUB"))?;
+                    split_args::<3>(buf, a, b, &BLANK).ok_or(ProtoError::BadArgs("PUB"))?;
                 let (reply, size) = match n {
                     2 => (None, f[1]),
                     3 => (Some(f[1]), f[2]),
@@ -400,7 +420,7 @@ impl ClientDecoder {
                     return Err(ProtoError::HeadersNotSupported);
                 }
                 let (f, n) =
-                    split_args::<4>(buf, a, b, is_blank).ok_or(ProtoError::BadArgs("HPUB"))?;
+                    split_args::<4>(buf, a, b, &BLANK).ok_or(ProtoError::BadArgs("HPUB"))?;
                 let (reply, hdr, total) = match n {
                     3 => (None, f[1], f[2]),
                     4 => (Some(f[1]), f[2], f[3]),
@@ -427,7 +447,7 @@ impl ClientDecoder {
             }
             Verb::Sub => {
                 let (f, n) =
-                    split_args::<3>(buf, a, b, is_arg_sep).ok_or(ProtoError::BadArgs("SUB"))?;
+                    split_args::<3>(buf, a, b, &ARG_SEP).ok_or(ProtoError::BadArgs("SUB"))?;
                 let frame = buf.split_to(line.nl + 1).freeze();
                 return Ok(Some(match n {
                     2 => ClientOp::Sub {
@@ -447,7 +467,7 @@ impl ClientDecoder {
             }
             Verb::Unsub => {
                 let (f, n) =
-                    split_args::<2>(buf, a, b, is_arg_sep).ok_or(ProtoError::BadArgs("UNSUB"))?;
+                    split_args::<2>(buf, a, b, &ARG_SEP).ok_or(ProtoError::BadArgs("UNSUB"))?;
                 let frame = buf.split_to(line.nl + 1).freeze();
                 return Ok(Some(match n {
                     1 => ClientOp::Unsub {
@@ -470,6 +490,38 @@ impl ClientDecoder {
     }
 }
 
+/// A complete `MSG` frame (no headers) seen in place by [`ServerDecoder::peek_msg`]:
+/// offsets from the start of the buffer it was found in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MsgView {
+    /// Bytes of the whole frame, control line to the payload's `\r\n`.
+    pub frame_len: usize,
+    pub subject: Span,
+    pub sid: Span,
+    pub reply: Option<Span>,
+    /// Where the payload starts.
+    pub body: usize,
+}
+
+impl MsgView {
+    /// Payload bytes.
+    pub fn size(&self) -> usize {
+        self.frame_len - 2 - self.body
+    }
+
+    /// Whether `m`, decoded from the same bytes `buf` this view was peeked in, is the same
+    /// message: what the tests and fuzz targets assert of the fast path.
+    pub fn agrees_with(&self, buf: &[u8], m: &Message) -> bool {
+        let f = &buf[..self.frame_len];
+        m.raw[..] == *f
+            && !m.has_headers()
+            && m.subject() == &f[self.subject.range()]
+            && m.sid() == &f[self.sid.range()]
+            && m.reply() == self.reply.map(|r| &f[r.range()])
+            && m.payload() == &f[self.body..self.frame_len - 2]
+    }
+}
+
 /// Decodes what a server sends.
 pub struct ServerDecoder {
     framer: Framer,
@@ -483,6 +535,53 @@ impl ServerDecoder {
             framer: Framer::default(),
             limits,
         }
+    }
+
+    /// The relay's fast path: a complete, well-formed `MSG` frame (no headers) at the
+    /// start of `buf`, described without consuming or copying anything, so that runs of
+    /// such frames can be forwarded as one slice.
+    ///
+    /// `None` whenever anything is unusual: the decoder is inside a frame, the op is not
+    /// `MSG ` in its canonical spelling, the line does not end in `\r\n`, the frame is
+    /// incomplete, or [`decode`](Self::decode) would fail. Then `decode` handles it, so a
+    /// `Some` always agrees with what `decode` would return for the same bytes (a property
+    /// the tests and the fuzz targets check).
+    #[inline]
+    pub fn peek_msg(&self, buf: &[u8]) -> Option<MsgView> {
+        if self.framer.pending.is_some() || self.framer.scanned != 0 || !buf.starts_with(b"MSG ") {
+            return None;
+        }
+        // The argument bytes may not exceed the limit: look no further than that.
+        let window = &buf[..buf.len().min(4 + self.limits.max_control_line + 2)];
+        let nl = 4 + memchr::memchr(b'\n', &window[4..])?;
+        if buf[nl - 1] != b'\r' {
+            return None;
+        }
+        let (f, n) = split_args::<4>(buf, 4, nl - 1, &ARG_SEP)?;
+        let args = skip_blanks(buf, 4, nl - 1);
+        if nl - 1 - args > self.limits.max_control_line {
+            return None;
+        }
+        let (reply, size) = match n {
+            3 => (None, f[2]),
+            4 => (Some(f[2]), f[3]),
+            _ => return None,
+        };
+        let size = parse_size(&buf[size.range()])?;
+        if size > self.limits.max_payload {
+            return None;
+        }
+        let frame_len = nl + 1 + size + 2;
+        if buf.len() < frame_len || &buf[frame_len - 2..frame_len] != b"\r\n" {
+            return None;
+        }
+        Some(MsgView {
+            frame_len,
+            subject: f[0],
+            sid: f[1],
+            reply,
+            body: nl + 1,
+        })
     }
 
     /// Decodes the next op from `buf`, consuming its bytes. `Ok(None)`: need more bytes.
@@ -513,7 +612,7 @@ impl ServerDecoder {
             }
             Verb::Msg => {
                 let (f, n) =
-                    split_args::<4>(buf, a, b, is_arg_sep).ok_or(ProtoError::BadArgs("MSG"))?;
+                    split_args::<4>(buf, a, b, &ARG_SEP).ok_or(ProtoError::BadArgs("MSG"))?;
                 let (reply, size) = match n {
                     3 => (None, f[2]),
                     4 => (Some(f[2]), f[3]),
@@ -530,7 +629,7 @@ impl ServerDecoder {
             }
             Verb::HMsg => {
                 let (f, n) =
-                    split_args::<5>(buf, a, b, is_arg_sep).ok_or(ProtoError::BadArgs("HMSG"))?;
+                    split_args::<5>(buf, a, b, &ARG_SEP).ok_or(ProtoError::BadArgs("HMSG"))?;
                 let (reply, hdr, total) = match n {
                     4 => (None, f[2], f[3]),
                     5 => (Some(f[2]), f[3], f[4]),

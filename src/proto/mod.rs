@@ -8,7 +8,7 @@ pub mod json;
 pub mod op;
 pub mod subject;
 
-pub use decode::{ClientDecoder, ServerDecoder};
+pub use decode::{ClientDecoder, MsgView, ServerDecoder};
 pub use error::ProtoError;
 pub use op::{ClientOp, Message, ServerOp};
 

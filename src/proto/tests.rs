@@ -38,10 +38,27 @@ fn decode_server_chunks(chunks: &[&[u8]]) -> (Vec<ServerOp>, Option<ProtoError>)
     for c in chunks {
         buf.extend_from_slice(c);
         loop {
+            // The fast path's view, where it has one, is what decode returns.
+            let view = d.peek_msg(&buf);
+            let before = buf.clone();
             match d.decode(&mut buf) {
-                Ok(Some(op)) => ops.push(op),
-                Ok(None) => break,
-                Err(e) => return (ops, Some(e)),
+                Ok(Some(op)) => {
+                    if let Some(v) = view {
+                        match &op {
+                            ServerOp::Msg(m) => assert!(v.agrees_with(&before, m), "{v:?} {m:?}"),
+                            other => panic!("peek saw a MSG, decode {other:?}"),
+                        }
+                    }
+                    ops.push(op)
+                }
+                Ok(None) => {
+                    assert!(view.is_none(), "peek saw a MSG in an incomplete frame");
+                    break;
+                }
+                Err(e) => {
+                    assert!(view.is_none(), "peek saw a MSG where decode failed: {e:?}");
+                    return (ops, Some(e));
+                }
             }
         }
     }
@@ -436,4 +453,31 @@ proptest! {
         prop_assert_eq!(decode_client_chunks(&[&input[..at], &input[at..]]), decode_client_chunks(&[&input]));
         prop_assert_eq!(decode_server_chunks(&[&input[..at], &input[at..]]), decode_server_chunks(&[&input]));
     }
+}
+
+#[test]
+fn peek_sees_only_complete_canonical_msgs() {
+    let d = ServerDecoder::new(Limits::upstream());
+    let v = d.peek_msg(b"MSG a.b 7 r.s 3\r\nabc\r\nMSG").unwrap();
+    assert_eq!(v.frame_len, 22);
+    assert_eq!(v.size(), 3);
+    let v = d.peek_msg(b"MSG \t a.b   7 3\r\nabc\r\n").unwrap();
+    assert_eq!(v.reply, None);
+    for none in [
+        &b"MSG a 1 3\r\nabc"[..],        // incomplete
+        b"MSG a 1 3\r\nabcd\r\n",        // wrong size: decode's error
+        b"msg a 1 3\r\nabc\r\n",         // not canonical: decode handles it
+        b"MSG a 1 3\nabc\r\n",           // bare LF
+        b"HMSG a 1 2 5\r\nh\r\nabc\r\n", // headers
+        b"MSG a 1 x y 3\r\nabc\r\n",     // too many fields
+        b"MSG a 3\r\nabc\r\n",           // too few
+        b"PING\r\n",
+    ] {
+        assert_eq!(d.peek_msg(none), None, "{}", String::from_utf8_lossy(none));
+    }
+    // Inside a partly read frame the decoder's state rules: no peeking.
+    let mut d = ServerDecoder::new(Limits::upstream());
+    let mut buf = BytesMut::from(&b"MSG a 1 3\r\nab"[..]);
+    assert!(d.decode(&mut buf).unwrap().is_none());
+    assert_eq!(d.peek_msg(b"c\r\nMSG a 1 3\r\nabc\r\n"), None);
 }

@@ -290,6 +290,30 @@ impl PullTracker {
     }
 
     /// A message on `sid`. Untracked sids are forwarded without a lookup of anything else.
+    /// A delivery on `sid` (not a status; its reply is the `$JS.ACK` subject) of
+    /// `total_len` header and payload bytes: takes one from the credit of the oldest live
+    /// request of its inbox, if it is a tracked one.
+    pub fn on_delivery(&mut self, sid: &[u8], total_len: usize, now: Instant) {
+        let Some(reply) = self.by_sid.get(sid) else {
+            return;
+        };
+        let Some(inbox) = self.inboxes.get_mut(reply) else {
+            return;
+        };
+        inbox.last_activity = now;
+        if let Some(i) = inbox.requests.iter().position(|r| r.reissue_at.is_none()) {
+            let r = &mut inbox.requests[i];
+            r.batch_left = r.batch_left.saturating_sub(1);
+            if let Some(b) = r.bytes_left.as_mut() {
+                *b = b.saturating_sub(total_len as u64);
+            }
+            if r.batch_left == 0 || r.bytes_left == Some(0) {
+                inbox.requests.remove(i);
+                self.count -= 1;
+            }
+        }
+    }
+
     pub fn on_message(&mut self, m: &Message, now: Instant) -> Shield {
         let Some(reply) = self.by_sid.get(m.sid()) else {
             return Shield::Forward;
@@ -304,19 +328,7 @@ impl PullTracker {
             None
         };
         let Some(code) = status else {
-            // A delivery (its reply is the $JS.ACK subject): take one from the oldest
-            // live request's credit.
-            if let Some(i) = inbox.requests.iter().position(|r| r.reissue_at.is_none()) {
-                let r = &mut inbox.requests[i];
-                r.batch_left = r.batch_left.saturating_sub(1);
-                if let Some(b) = r.bytes_left.as_mut() {
-                    *b = b.saturating_sub(m.total_len() as u64);
-                }
-                if r.batch_left == 0 || r.bytes_left == Some(0) {
-                    inbox.requests.remove(i);
-                    self.count -= 1;
-                }
-            }
+            self.on_delivery(m.sid(), m.total_len(), now);
             return Shield::Forward;
         };
         let desc = m.status_description();

@@ -825,11 +825,38 @@ impl Session {
     /// Bytes read from the upstream of `epoch`.
     pub fn handle_upstream_bytes(&mut self, epoch: Epoch, buf: &mut BytesMut, now: Instant) {
         self.now = now;
+        // `buf[..run]`: frames already handled on the fast path, still to be copied to the
+        // client in one piece, before anything else is (order) and before returning.
+        let mut run = 0;
         loop {
             let Some(role) = self.role_of(epoch) else {
                 buf.clear();
                 return;
             };
+            // Fast path: a plain MSG that goes to the client as it is. Everything it
+            // changes (counts, auto-unsubscribe, pull credit) is done here and now, in
+            // order; only its bytes wait for the end of the run.
+            let plain = self.client_state != ClientState::Closed
+                && !self.dedup.as_ref().is_some_and(|d| d.covers(epoch));
+            let peeked = match self.link(role) {
+                Some(l) if plain => l.decoder.peek_msg(&buf[run..]),
+                _ => None,
+            };
+            if let Some(v) = peeked {
+                let sid = &buf[run..][v.sid.range()];
+                if !self.pulls.is_empty() {
+                    self.pulls.on_delivery(sid, v.size(), now);
+                }
+                self.subs.delivered(sid);
+                self.stats.msgs_to_client += 1;
+                run += v.frame_len;
+                continue;
+            }
+            if run > 0 {
+                self.client_out.extend_from_slice(&buf[..run]);
+                bytes::Buf::advance(buf, run);
+                run = 0;
+            }
             let Some(l) = self.link_mut(role) else { return };
             match l.decoder.decode(buf) {
                 Ok(Some(op)) => self.on_upstream_op(epoch, role, op),

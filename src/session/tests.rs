@@ -518,3 +518,39 @@ fn no_pull_reissue_piles_up_without_an_upstream() {
     assert_eq!(h.s.buffered().0, backlog, "nothing added while no upstream");
     assert_eq!(h.s.stats().pulls_reissued, 0);
 }
+
+#[test]
+fn fast_path_runs_keep_order_with_everything_else() {
+    let mut h = H::connected();
+    h.client(b"SUB a 1\r\nSUB b 2\r\nUNSUB 2 2\r\n");
+    let hmsg = encode::msg(b"a", b"1", None, Some(b"NATS/1.0\r\nK: v\r\n\r\n"), b"h");
+    let mut wire = Vec::new();
+    wire.extend_from_slice(b"MSG a 1 2\r\nm1\r\n");
+    wire.extend_from_slice(&hmsg);
+    wire.extend_from_slice(b"MSG a 1 r 2\r\nm2\r\nMSG b 2 1\r\nx\r\n-ERR 'some error'\r\n");
+    wire.extend_from_slice(
+        b"MSG b 2 1\r\ny\r\nmsg a 1 2\r\nm3\r\nMSG a 1 2\nm4\r\nMSG a 1 2\r\nm5",
+    );
+    let mut buf = BytesMut::from(&wire[..]);
+    h.s.handle_upstream_bytes(Epoch(1), &mut buf, h.now);
+    let a = h.actions();
+    let mut expect = Vec::new();
+    expect.extend_from_slice(b"MSG a 1 2\r\nm1\r\n");
+    expect.extend_from_slice(&hmsg);
+    expect.extend_from_slice(b"MSG a 1 r 2\r\nm2\r\nMSG b 2 1\r\nx\r\n-ERR 'some error'\r\n");
+    expect.extend_from_slice(b"MSG b 2 1\r\ny\r\nmsg a 1 2\r\nm3\r\nMSG a 1 2\nm4\r\n");
+    assert_eq!(
+        String::from_utf8_lossy(&to_client(&a)),
+        String::from_utf8_lossy(&expect)
+    );
+    // The incomplete last frame completes with the next read.
+    assert_eq!(&buf[..], b"MSG a 1 2\r\nm5");
+    buf.extend_from_slice(b"\r\n");
+    h.s.handle_upstream_bytes(Epoch(1), &mut buf, h.now);
+    let a = h.actions();
+    assert_eq!(to_client(&a), b"MSG a 1 2\r\nm5\r\n");
+    // Counted on both paths: 6 on sid 1 plus 2 on sid 2, whose auto-unsubscribe ran.
+    assert_eq!(h.s.stats().msgs_to_client, 8);
+    assert!(h.s.subs.get(b"2").is_none());
+    assert_eq!(h.s.subs.get(b"1").map(|s| s.delivered), Some(6));
+}
