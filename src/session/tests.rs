@@ -123,8 +123,48 @@ fn client_pong_waits_for_upstream_and_ok_waits_behind_it() {
         b"",
         "+OK must wait behind the unanswered PING"
     );
-    assert_eq!(to_upstream(&a), b"PING\r\nPUB a 1\r\nx\r\nPING\r\n");
+    assert_eq!(to_upstream(&a), b"PING\r\nPUB a 1\r\nx\r\n");
     assert_eq!(to_client(&h.upstream(1, b"PONG\r\n")), b"PONG\r\n+OK\r\n");
+    // The publish gets its confirmation PING after CONFIRM_DELAY, not at once.
+    assert_eq!(h.s.poll_timeout(), Some(h.now + CONFIRM_DELAY));
+    h.now += CONFIRM_DELAY;
+    h.s.handle_timeout(h.now);
+    assert_eq!(to_upstream(&h.actions()), b"PING\r\n");
+}
+
+#[test]
+fn confirmation_pings_wait_for_a_delay_or_enough_bytes() {
+    let mut h = H::connected();
+    let t0 = h.now;
+    // Small publishes over 15 ms: one PING, CONFIRM_DELAY after the first.
+    for i in 0..4u32 {
+        h.now = t0 + Duration::from_millis(5 * u64::from(i));
+        let a = h.client(b"PUB a 1\r\nx\r\n");
+        assert_eq!(to_upstream(&a), b"PUB a 1\r\nx\r\n");
+    }
+    assert_eq!(h.s.poll_timeout(), Some(t0 + CONFIRM_DELAY));
+    h.now = t0 + CONFIRM_DELAY;
+    h.s.handle_timeout(h.now);
+    assert_eq!(to_upstream(&h.actions()), b"PING\r\n");
+    assert_eq!(h.s.primary.as_ref().unwrap().unconfirmed.len(), 4);
+    h.upstream(1, b"PONG\r\n");
+    assert_eq!(h.s.primary.as_ref().unwrap().unconfirmed_bytes, 0);
+    // CONFIRM_BYTES of publishes in one read: the PING goes with them.
+    let mut pubs = Vec::new();
+    while pubs.len() < CONFIRM_BYTES {
+        pubs.extend_from_slice(b"PUB a 1000\r\n");
+        pubs.extend_from_slice(&[b'p'; 1000]);
+        pubs.extend_from_slice(b"\r\n");
+    }
+    let a = h.client(&pubs);
+    assert!(to_upstream(&a).ends_with(b"\r\nPING\r\n"));
+    // A client PING confirms them as well: no extra PING later.
+    h.upstream(1, b"PONG\r\n");
+    let a = h.client(b"PUB a 1\r\nx\r\nPING\r\n");
+    assert_eq!(to_upstream(&a), b"PUB a 1\r\nx\r\nPING\r\n");
+    h.now += CONFIRM_DELAY;
+    h.s.handle_timeout(h.now);
+    assert_eq!(to_upstream(&h.actions()), b"");
 }
 
 #[test]
@@ -293,7 +333,7 @@ fn lame_duck_make_before_break() {
             .all(|a| matches!(a, Action::ToUpstream(Epoch(2), _))),
         "{a:?}"
     );
-    assert_eq!(to_upstream(&a), b"PUB out 1\r\np\r\nPING\r\n");
+    assert_eq!(to_upstream(&a), b"PUB out 1\r\np\r\n");
     assert_eq!(h.s.upstream_addr(), Some("x:1"));
     // A still delivers until drained; B still held.
     assert_eq!(
@@ -301,11 +341,14 @@ fn lame_duck_make_before_break() {
         b"MSG foo 1 2\r\nm2\r\n"
     );
     h.upstream(2, b"MSG foo 1 2\r\nm2\r\nMSG foo 1 2\r\nm3\r\n");
-    // Settle: UNSUB everything on A and a barrier.
-    h.now = h.s.poll_timeout().unwrap();
-    h.s.handle_timeout(h.now);
-    let a = h.actions();
-    let up = String::from_utf8(to_upstream(&a)).unwrap();
+    // Settle: UNSUB everything on A and a barrier (B's confirmation PING may come first).
+    let (mut a, mut up) = (Vec::new(), String::new());
+    while !up.contains("UNSUB") {
+        h.now = h.s.poll_timeout().unwrap();
+        h.s.handle_timeout(h.now);
+        a = h.actions();
+        up = String::from_utf8(to_upstream(&a)).unwrap();
+    }
     assert!(
         up.contains("UNSUB 1\r\n") && up.contains("UNSUB 2\r\n") && up.ends_with("PING\r\n"),
         "{up}"
@@ -336,8 +379,8 @@ fn hard_failover_buffers_answers_pings_and_resends_unconfirmed() {
     let mut h = H::connected();
     h.client(b"SUB foo 1\r\n");
     let a = h.client(b"PUB acks 1\r\na\r\n");
-    assert_eq!(to_upstream(&a), b"PUB acks 1\r\na\r\nPING\r\n");
-    // The link dies before the PONG: the publish is unconfirmed.
+    assert_eq!(to_upstream(&a), b"PUB acks 1\r\na\r\n");
+    // The link dies before its confirmation: the publish is unconfirmed.
     h.s.handle_upstream_lost(Epoch(1), h.now);
     let a = h.actions();
     let (e2, _) = dial_of(&a).expect("redial");
@@ -349,7 +392,7 @@ fn hard_failover_buffers_answers_pings_and_resends_unconfirmed() {
     let a = h.upstream(e2.0, INFO_B);
     let up = String::from_utf8(to_upstream(&a)).unwrap();
     assert!(
-        up.ends_with("PING\r\nSUB foo 1\r\nPING\r\nPUB acks 1\r\na\r\nPUB acks 1\r\nb\r\nPING\r\n"),
+        up.ends_with("PING\r\nSUB foo 1\r\nPING\r\nPUB acks 1\r\na\r\nPUB acks 1\r\nb\r\n"),
         "replay, then the unconfirmed publish, then the buffered one: {up}"
     );
     assert_eq!(h.s.stats().failovers, 1);
