@@ -5,7 +5,8 @@
 //! Buffers and their bounds:
 //! - client read buffer: grows to one frame (control line ≤ 4 KiB + payload ≤ max_payload);
 //! - client write buffer: `max_client_pending`; past it the client is a slow consumer and
-//!   is closed (as nats-server does, without `-ERR`);
+//!   is closed (as nats-server does, without `-ERR`); once drained, a write buffer keeps
+//!   at most `RETAIN_WRITE` (1 MiB) of capacity;
 //! - upstream write buffer + session backlog: `max_backlog`; past it the client is not
 //!   read until the upstream drains (backpressure, no growth);
 //! - upstream read buffer: one frame (≤ 64 MiB + control line, the server's own limit).
@@ -33,6 +34,8 @@ use crate::session::{Action, CloseReason, Epoch, Session, SessionEvent, SessionS
 
 /// Spare capacity ensured before each read.
 const READ_CHUNK: usize = 64 * 1024;
+/// Capacity a drained write buffer may keep; a larger one is released.
+const RETAIN_WRITE: usize = 1024 * 1024;
 
 /// Refuses a client over the connection cap, as nats-server does.
 pub(super) async fn refuse(mut stream: TcpStream) {
@@ -76,6 +79,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => return Poll::Pending,
             }
+        }
+        // A buffer that grew toward a slow reader gives its memory back once drained.
+        if self.wbuf.capacity() > RETAIN_WRITE {
+            self.wbuf = BytesMut::new();
         }
         Poll::Ready(Ok(()))
     }
