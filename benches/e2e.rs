@@ -54,6 +54,15 @@ fn main() {
     rt.block_on(run(opts));
 }
 
+/// The paths in the order round `round` runs them: A B C, then C B A, alternating.
+fn round_order(paths: &[Path], round: usize) -> Vec<Path> {
+    if round % 2 == 0 {
+        paths.to_vec()
+    } else {
+        paths.iter().rev().copied().collect()
+    }
+}
+
 struct Opts {
     quick: bool,
     /// Run one section only: sub, pub, rr, js.
@@ -568,11 +577,7 @@ async fn run(opts: Opts) {
         for round in 0..rounds {
             let mut this = std::collections::HashMap::new();
             // Alternate the order every round.
-            let order: Vec<Path> = if round % 2 == 0 {
-                paths.to_vec()
-            } else {
-                paths.iter().rev().copied().collect()
-            };
+            let order = round_order(&paths, round);
             for p in order {
                 let pid = match p {
                     Path::Relay => env.relay_pid,
@@ -631,11 +636,7 @@ async fn run(opts: Opts) {
         let mut pd = std::collections::HashMap::<&str, Vec<f64>>::new();
         for round in 0..rounds {
             let mut this = std::collections::HashMap::new();
-            let order: Vec<Path> = if round % 2 == 0 {
-                paths.to_vec()
-            } else {
-                paths.iter().rev().copied().collect()
-            };
+            let order = round_order(&paths, round);
             for p in order {
                 let r = pub_throughput(&env, p, 128, n_sub).await;
                 this.insert(p, r);
@@ -661,11 +662,7 @@ async fn run(opts: Opts) {
         println!("| path | p50 µs | p99 µs | p99.9 µs |\n|---|---|---|---|");
         let mut lat: std::collections::HashMap<Path, Percentiles> = Default::default();
         for round in 0..rounds {
-            let order: Vec<Path> = if round % 2 == 0 {
-                paths.to_vec()
-            } else {
-                paths.iter().rev().copied().collect()
-            };
+            let order = round_order(&paths, round);
             for p in order {
                 let l = req_reply(&env, p, rate, secs).await;
                 let e = lat.entry(p).or_default();
@@ -689,11 +686,7 @@ async fn run(opts: Opts) {
         println!("\n### JetStream pull consumption with acks (Vector's loop), {n_js} messages\n\n| path | msg/s (median) |\n|---|---|");
         let mut js: std::collections::HashMap<Path, Vec<f64>> = Default::default();
         for round in 0..rounds.min(3) {
-            let order: Vec<Path> = if round % 2 == 0 {
-                paths.to_vec()
-            } else {
-                paths.iter().rev().copied().collect()
-            };
+            let order = round_order(&paths, round);
             for p in order {
                 js.entry(p).or_default().push(js_pull(&env, p, n_js).await);
             }
