@@ -6,6 +6,7 @@ pub mod encode;
 pub mod error;
 pub mod json;
 pub mod op;
+pub mod status;
 pub mod subject;
 
 pub use decode::{ClientDecoder, MsgView, ServerDecoder};

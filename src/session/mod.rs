@@ -64,7 +64,7 @@ use crate::proto::{
 };
 pub use action::{Action, CloseReason, Epoch};
 use dedup::Dedup;
-use jetstream::{PullTracker, Shield};
+use jetstream::{PullAction, PullTracker, Shield};
 use link::{Link, LinkState, PingOwner};
 use pool::NodePool;
 use replies::{Ready, ReplyQueue};
@@ -379,7 +379,8 @@ impl Session {
                 self.confirm_at,
                 outage,
                 // Re-issues wait for a working upstream (see `reissue_due_pulls`).
-                self.pulls.poll_timeout().filter(|_| self.has_upstream()),
+                // Placements wait for a working upstream; statuses for the client do not.
+                self.pulls.poll_timeout(self.has_upstream()),
             ])
             .flatten()
             .min()
@@ -878,7 +879,8 @@ impl Session {
             if let Some(v) = peeked {
                 let sid = &buf[run..][v.sid.range()];
                 if !self.pulls.is_empty() {
-                    self.pulls.on_delivery(sid, v.size(), now);
+                    let reply = v.reply.map(|r| &buf[run..][r.range()]);
+                    self.pulls.on_delivery(sid, reply, v.size(), now);
                 }
                 self.subs.delivered(sid);
                 self.stats.msgs_to_client += 1;
@@ -1363,21 +1365,33 @@ impl Session {
         }
     }
 
-    /// Sends the pull requests whose re-issue is due.
+    /// Runs the pull tracker's due work: placements upstream (only with a working
+    /// upstream: without one they would pile up in the backlog and each add credit once
+    /// sent; the next link places every request anyway) and statuses for the client.
     fn reissue_due_pulls(&mut self) {
-        // Without a working upstream a re-issue would only pile up in the backlog, and be
-        // sent as many times as it was due (each adds credit): it waits for the next
-        // link, where every request is re-issued once anyway.
-        if self.pulls.is_empty() || !self.has_upstream() {
+        if self.pulls.is_empty() {
             return;
         }
-        for frame in self.pulls.on_timeout(self.now) {
-            info!(request = %String::from_utf8_lossy(&frame[..frame.len().min(200)]).trim_end(), "re-issuing a lost pull request");
-            self.send_publish(Pending::Untracked(frame));
+        let upstream = self.has_upstream();
+        let mut placed = false;
+        for action in self.pulls.on_timeout(self.now, upstream) {
+            match action {
+                PullAction::ToUpstream(frame) => {
+                    info!(request = %String::from_utf8_lossy(&frame[..frame.len().min(200)]).trim_end(), "placing a lost pull request again");
+                    self.send_publish(Pending::Untracked(frame));
+                    placed = true;
+                }
+                PullAction::ToClient(frame) => {
+                    debug!(status = %String::from_utf8_lossy(&frame[..frame.len().min(120)]).trim_end(), "pull status made by the proxy");
+                    self.send_client(frame);
+                }
+            }
         }
         self.stats.pulls_reissued = self.pulls.stats.reissued;
         self.stats.statuses_shielded = self.pulls.stats.shielded;
-        self.confirm_publishes();
+        if placed {
+            self.confirm_publishes();
+        }
     }
 
     /// Timers: keepalives, stale links, dial backoff, drain, de-dup linger, outage.

@@ -511,7 +511,7 @@ fn a_jetstream_delivery_arriving_on_both_links_is_forwarded_once() {
     let a = h.client(pull);
     let up = String::from_utf8(to_upstream(&a)).unwrap();
     assert!(
-        up.contains("\"idle_heartbeat\":5000000000"),
+        up.contains("\"idle_heartbeat\":1000000000"),
         "heartbeat added: {up}"
     );
     let a = h.upstream(

@@ -1,0 +1,19 @@
+//! JetStream pull requests: what they ask ([`request`]), what becomes of each
+//! ([`tracker`]), and how the server's statuses are read ([`crate::proto::status`]).
+//!
+//! A pull request is a publish to `<api prefix>.CONSUMER.MSG.NEXT.<stream>.<consumer>`
+//! with the client's inbox as reply. The server keeps it independently of any connection
+//! and serves it by publishing to the inbox: deliveries keep the *stream* subject and
+//! carry the inbox subscription's sid; statuses are header-only messages to the reply.
+//! The proxy tracks every request per inbox, hides the statuses that only say the
+//! consumer moved or is away, places lost requests again, and keeps the client's
+//! heartbeat monitor fed while the consumer is away.
+
+pub mod request;
+pub mod tracker;
+
+#[cfg(test)]
+mod tests;
+
+pub use request::{is_pull_subject, parse_body, PullBody};
+pub use tracker::{Phase, Placement, PullAction, PullStats, PullTracker, Shield};

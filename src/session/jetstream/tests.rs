@@ -1,0 +1,520 @@
+//! Unit tests of the pull tracker: one per status class and per phase transition.
+
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use serde_json::Value;
+
+use super::tracker::{PROBE_EXPIRES, PROBE_GRACE, PROBE_INTERVAL};
+use super::*;
+use crate::proto::{encode, Limits, Message, ServerDecoder, ServerOp};
+
+fn msg(frame: &[u8]) -> Message {
+    let mut d = ServerDecoder::new(Limits::upstream());
+    let mut b = BytesMut::from(frame);
+    match d.decode(&mut b) {
+        Ok(Some(ServerOp::Msg(m))) => m,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn status_on(reply: &str, sid: &str, line: &str) -> Message {
+    let h = format!("NATS/1.0 {line}\r\n\r\n");
+    msg(&encode::msg(
+        reply.as_bytes(),
+        sid.as_bytes(),
+        None,
+        Some(h.as_bytes()),
+        b"",
+    ))
+}
+
+fn status(sid: &str, line: &str) -> Message {
+    status_on("_INBOX.a", sid, line)
+}
+
+fn delivery(sid: &str, n: u64) -> Message {
+    let reply = format!("$JS.ACK.S.C.1.{n}.{n}.0.0");
+    msg(&encode::msg(
+        b"logs.v",
+        sid.as_bytes(),
+        Some(reply.as_bytes()),
+        None,
+        b"data",
+    ))
+}
+
+const VECTOR_BODY: &[u8] = br#"{"batch":200,"expires":30000000000,"max_bytes":0,"min_pending":null,"min_ack_pending":null,"group":null}"#;
+/// nats.js `consume({max_messages: 256, expires: 5000})`.
+const JS_BODY: &[u8] =
+    br#"{"batch":256,"max_bytes":0,"idle_heartbeat":2500000000,"expires":5000000000}"#;
+const API: &[u8] = b"$JS.API.CONSUMER.MSG.NEXT.LOGS.CV";
+
+fn body_of(frame: &[u8]) -> Value {
+    let s = std::str::from_utf8(frame).unwrap();
+    let body = s.split("\r\n").nth(1).unwrap();
+    serde_json::from_str(body).unwrap()
+}
+
+fn upstream(actions: &[PullAction]) -> Vec<Bytes> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            PullAction::ToUpstream(b) => Some(b.clone()),
+            PullAction::ToClient(_) => None,
+        })
+        .collect()
+}
+
+fn client(actions: &[PullAction]) -> Vec<String> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            PullAction::ToClient(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            PullAction::ToUpstream(_) => None,
+        })
+        .collect()
+}
+
+fn request(t: &mut PullTracker, body: &[u8], now: Instant) -> Option<Bytes> {
+    t.on_request(API, b"_INBOX.a", "1".into(), None, body, now)
+}
+
+/// Runs every due step until `until`, as the driver would at each `poll_timeout`.
+fn run_until(t: &mut PullTracker, until: Instant, up: bool) -> Vec<PullAction> {
+    let mut out = Vec::new();
+    while let Some(at) = t.poll_timeout(up).filter(|&at| at <= until) {
+        out.extend(t.on_timeout(at, up));
+    }
+    out
+}
+
+#[test]
+fn pull_subjects() {
+    assert!(is_pull_subject(b"$JS.API.CONSUMER.MSG.NEXT.S.C"));
+    assert!(is_pull_subject(b"$JS.hub.API.CONSUMER.MSG.NEXT.S.C"));
+    assert!(is_pull_subject(b"my.API.CONSUMER.MSG.NEXT.S.C"));
+    assert!(!is_pull_subject(b"$JS.API.CONSUMER.INFO.S.C"));
+    assert!(!is_pull_subject(b"$JS.API.CONSUMER.MSG.NEXT.S"));
+    assert!(!is_pull_subject(b"CONSUMER.MSG.NEXT.S.C"));
+}
+
+#[test]
+fn bodies() {
+    assert_eq!(parse_body(b"").unwrap().batch, 1);
+    assert_eq!(parse_body(b"17").unwrap().batch, 17);
+    let b = parse_body(VECTOR_BODY).unwrap();
+    assert_eq!(
+        (b.batch, b.max_bytes, b.expires),
+        (200, 0, Some(Duration::from_secs(30)))
+    );
+    assert_eq!(b.idle_heartbeat, None);
+    let b = parse_body(
+        br#"{"batch":5,"no_wait":true,"idle_heartbeat":1000000000,"expires":3000000000}"#,
+    )
+    .unwrap();
+    assert!(b.no_wait);
+    assert_eq!(b.idle_heartbeat, Some(Duration::from_secs(1)));
+    assert!(parse_body(b"{bad").is_none());
+    assert!(parse_body(b"x").is_none());
+}
+
+#[test]
+fn ack_sequences_in_both_reply_formats() {
+    use super::request::Sequences;
+    let v1 = Sequences::of_ack(b"$JS.ACK.LOGS.CV.1.58.5.1795971532879267765.0").unwrap();
+    assert_eq!((v1.stream, v1.consumer), (58, 5));
+    let v2 = Sequences::of_ack(b"$JS.ACK.hub.ACC.LOGS.CV.1.58.5.17959.0.tok").unwrap();
+    assert_eq!((v2.stream, v2.consumer), (58, 5));
+    assert!(Sequences::of_ack(b"_INBOX.x").is_none());
+}
+
+#[test]
+fn the_upstream_heartbeat_follows_the_expiry_and_the_clients_own() {
+    let now = Instant::now();
+    let mut t = PullTracker::default();
+    let hb = |f: &Bytes| body_of(f)["idle_heartbeat"].as_u64();
+    // Vector: 30 s, no heartbeat of its own: a quarter, at most 1 s. Other fields kept.
+    let f = request(&mut t, VECTOR_BODY, now).expect("rewritten");
+    assert_eq!(hb(&f), Some(1_000_000_000));
+    assert_eq!(body_of(&f)["batch"], 200);
+    assert!(body_of(&f)["min_pending"].is_null(), "other fields kept");
+    // nats.js, 5 s with 2.5 s: at most 1 s too.
+    let f = request(&mut t, JS_BODY, now).unwrap();
+    assert_eq!(hb(&f), Some(1_000_000_000));
+    // nats.go Fetch, 990 ms: a quarter, so a loss is seen by half of it.
+    let f = request(&mut t, br#"{"batch":10,"expires":990000000}"#, now).unwrap();
+    assert_eq!(hb(&f), Some(247_500_000));
+    // Too short to watch, no_wait, no JSON: left alone.
+    assert!(request(&mut t, br#"{"batch":1,"expires":300000000}"#, now).is_none());
+    assert!(request(&mut t, br#"{"batch":5,"no_wait":true}"#, now).is_none());
+    assert!(request(&mut t, b"", now).is_none());
+    // The client's own heartbeat, already short enough: left alone.
+    let fast = br#"{"batch":1,"expires":30000000000,"idle_heartbeat":1000000000}"#;
+    let f = request(&mut t, fast, now).unwrap();
+    assert_eq!(hb(&f), Some(500_000_000), "half the client's own");
+    assert_eq!(t.len(), 7);
+}
+
+#[test]
+fn credit_accounting_with_deliveries_and_ending_statuses() {
+    let now = Instant::now();
+    let mut t = PullTracker::default();
+    request(&mut t, br#"{"batch":3,"expires":30000000000}"#, now);
+    request(&mut t, br#"{"batch":2,"expires":30000000000}"#, now);
+    for n in 0..3 {
+        assert_eq!(t.on_message(&delivery("1", n), now), Shield::Forward);
+    }
+    assert_eq!(t.len(), 1, "the first request is used up");
+    let timeout = "408 Request Timeout\r\nNats-Pending-Messages: 2\r\nNats-Pending-Bytes: 0";
+    assert_eq!(t.on_message(&status("1", timeout), now), Shield::Forward);
+    assert_eq!(t.len(), 0, "a 408 ends it and reaches the client");
+    request(&mut t, b"5", now);
+    assert_eq!(
+        t.on_message(&status("1", "409 Batch Completed"), now),
+        Shield::Forward
+    );
+    assert_eq!(t.len(), 0);
+}
+
+#[test]
+fn consumer_moved_statuses_are_shielded_and_the_rest_placed_again() {
+    for line in [
+        "409 Leadership Change",
+        "409 Server Shutdown\r\nNats-Pending-Messages: 199\r\nNats-Pending-Bytes: 0",
+    ] {
+        let t0 = Instant::now();
+        let mut t = PullTracker::default();
+        request(&mut t, VECTOR_BODY, t0);
+        t.on_message(&delivery("1", 1), t0);
+        let t1 = t0 + Duration::from_secs(10);
+        assert_eq!(
+            t.on_message(&status("1", line), t1),
+            Shield::Swallow,
+            "{line}"
+        );
+        // A probe first (is the new leader there?), with the remaining batch.
+        let out = t.on_timeout(t1, true);
+        let up = upstream(&out);
+        assert_eq!(up.len(), 1);
+        let v = body_of(&up[0]);
+        assert_eq!(v["batch"], 199);
+        assert_eq!(v["expires"], PROBE_EXPIRES.as_nanos() as u64);
+        assert!(v.get("idle_heartbeat").is_none());
+        // The new leader delivers on it: the consumer is back; at the probe's end the
+        // rest is placed in full with the client's remaining expiry.
+        t.on_message(&delivery("1", 2), t1);
+        let t2 = t1 + PROBE_EXPIRES;
+        let end = "408 Request Timeout\r\nNats-Pending-Messages: 198\r\nNats-Pending-Bytes: 0";
+        assert_eq!(
+            t.on_message(&status("1", end), t2),
+            Shield::Swallow,
+            "the probe's end is ours"
+        );
+        let up = upstream(&t.on_timeout(t2, true));
+        assert_eq!(up.len(), 1);
+        let v = body_of(&up[0]);
+        assert_eq!(v["batch"], 198);
+        let exp = v["expires"].as_u64().unwrap();
+        let want = (Duration::from_secs(20) - PROBE_EXPIRES).as_nanos() as u64;
+        assert_eq!(exp, want);
+        assert_eq!(v["idle_heartbeat"], 1_000_000_000u64);
+        assert!(matches!(t.phases(b"1")[..], [Phase::Live { .. }]));
+        assert_eq!(t.stats.shielded, 1);
+    }
+}
+
+#[test]
+fn real_problems_pass_and_end_tracking() {
+    let now = Instant::now();
+    for (line, left) in [
+        ("409 Consumer Deleted", 0),
+        ("409 Consumer is push based", 0),
+        ("409 Exceeded MaxWaiting", 1),
+        ("409 Exceeded MaxRequestBatch of 10", 1),
+        ("409 Exceeded MaxRequestExpires of 1s", 1),
+        ("409 Exceeded MaxRequestMaxBytes of 5", 1),
+        ("400 Bad Request", 1),
+    ] {
+        let mut t = PullTracker::default();
+        request(&mut t, VECTOR_BODY, now);
+        request(&mut t, VECTOR_BODY, now);
+        assert_eq!(
+            t.on_message(&status("1", line), now),
+            Shield::Forward,
+            "{line}"
+        );
+        assert_eq!(t.len(), left, "{line}");
+    }
+    // Unknown statuses reach the client and change nothing.
+    let mut t = PullTracker::default();
+    request(&mut t, VECTOR_BODY, now);
+    assert_eq!(
+        t.on_message(&status("1", "423 Nats-Pin-Id mismatch"), now),
+        Shield::Forward
+    );
+    assert_eq!(t.len(), 1);
+}
+
+#[test]
+fn a_heartbeat_refused_by_the_server_is_dropped_if_it_was_ours() {
+    let now = Instant::now();
+    let mut t = PullTracker::default();
+    request(&mut t, VECTOR_BODY, now);
+    let refused = status("1", "400 Bad Request - heartbeat value too large");
+    assert_eq!(t.on_message(&refused, now), Shield::Swallow);
+    let up = upstream(&t.on_timeout(now, true));
+    assert_eq!(up.len(), 1);
+    assert!(body_of(&up[0]).get("idle_heartbeat").is_none());
+    // The client's own too-large heartbeat is its problem.
+    let mut t = PullTracker::default();
+    let own = br#"{"batch":1,"expires":1000000000,"idle_heartbeat":900000000}"#;
+    assert!(
+        request(&mut t, own, now).is_none(),
+        "invalid: sent as it is"
+    );
+    assert_eq!(t.on_message(&refused, now), Shield::Forward);
+    assert_eq!(t.len(), 0);
+}
+
+#[test]
+fn a_short_request_lost_silently_is_placed_again_before_it_expires() {
+    // nats.go Fetch(10, MaxWait(1s)): expires 990 ms; the request vanishes (R1 consumer's
+    // node in lame duck mode) with no status at all.
+    let t0 = Instant::now();
+    let mut t = PullTracker::default();
+    request(&mut t, br#"{"batch":10,"expires":990000000}"#, t0);
+    let out = run_until(&mut t, t0 + Duration::from_millis(700), true);
+    let up = upstream(&out);
+    assert_eq!(up.len(), 1, "missed heartbeats noticed by half the expiry");
+    let v = body_of(&up[0]);
+    assert_eq!(v["batch"], 10);
+    assert!(v["expires"].as_u64().unwrap() <= 400_000_000);
+    // The consumer answers (it moved): the rest of the expiry is placed in full.
+    let t1 = t0 + Duration::from_millis(600);
+    t.on_message(&status("1", "100 Idle Heartbeat"), t1);
+    let out = run_until(&mut t, t0 + Duration::from_millis(980), true);
+    assert!(client(&out).is_empty());
+    // At the deadline the server (not the proxy) ends it; the proxy only steps in when
+    // no end comes at all.
+    let out = run_until(&mut t, t0 + Duration::from_secs(3), true);
+    let c = client(&out);
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert!(
+        c[0].contains("408 Request Timeout\r\nNats-Pending-Messages: 10\r\n"),
+        "{}",
+        c[0]
+    );
+    assert_eq!(t.len(), 0);
+}
+
+#[test]
+fn a_request_that_ends_normally_is_never_placed_again() {
+    let t0 = Instant::now();
+    let mut t = PullTracker::default();
+    request(&mut t, br#"{"batch":10,"expires":1000000000}"#, t0);
+    let end = "408 Request Timeout\r\nNats-Pending-Messages: 10\r\nNats-Pending-Bytes: 0";
+    assert_eq!(
+        t.on_message(&status("1", end), t0 + Duration::from_secs(1)),
+        Shield::Forward
+    );
+    assert!(run_until(&mut t, t0 + Duration::from_secs(60), true).is_empty());
+    assert!(t.is_empty());
+}
+
+#[test]
+fn while_the_consumer_is_away_the_client_gets_heartbeats_and_probes_are_bounded() {
+    // nats.js consume: 5 s expiry, 2.5 s heartbeat. The R1 consumer's node is away:
+    // every probe gets a 503 (2.15).
+    let t0 = Instant::now();
+    let mut t = PullTracker::default();
+    request(&mut t, JS_BODY, t0);
+    assert_eq!(t.on_message(&status("1", "503"), t0), Shield::Swallow);
+    let mut probes = 0;
+    let mut beats = Vec::new();
+    let mut now = t0;
+    while let Some(at) = t
+        .poll_timeout(true)
+        .filter(|&at| at < t0 + Duration::from_millis(4900))
+    {
+        now = at;
+        for a in t.on_timeout(at, true) {
+            match a {
+                PullAction::ToUpstream(_) => {
+                    probes += 1;
+                    assert_eq!(t.on_message(&status("1", "503"), at), Shield::Swallow);
+                }
+                PullAction::ToClient(b) => {
+                    let s = String::from_utf8_lossy(&b).into_owned();
+                    assert!(
+                        s.starts_with("HMSG _INBOX.a 1 ")
+                            && s.contains("\r\nNATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: 0\r\nNats-Last-Stream: 0\r\n\r\n"),
+                        "{s}"
+                    );
+                    beats.push(at - t0);
+                }
+            }
+        }
+    }
+    assert!(now > t0 + Duration::from_secs(4));
+    assert!((8..=10).contains(&probes), "{probes} probes in 4.9 s");
+    assert_eq!(
+        beats,
+        [Duration::from_millis(2500)],
+        "one heartbeat per 2.5 s"
+    );
+    // At the client's deadline: the server's 408, made by the proxy, with the credit.
+    let out = run_until(&mut t, t0 + Duration::from_secs(5), true);
+    let c = client(&out);
+    assert_eq!(c.len(), 1);
+    assert!(c[0].contains(
+        "408 Request Timeout\r\nNats-Pending-Messages: 256\r\nNats-Pending-Bytes: 0\r\n"
+    ));
+    assert!(t.is_empty());
+}
+
+#[test]
+fn on_a_server_that_never_answers_probes_go_every_expiry_plus_grace() {
+    // nats-server 2.9: a pull to an unavailable consumer gets no answer at all.
+    let t0 = Instant::now();
+    let mut t = PullTracker::default();
+    request(&mut t, VECTOR_BODY, t0);
+    t.all_lost(t0);
+    let out = run_until(&mut t, t0 + Duration::from_secs(6), true);
+    let n = upstream(&out).len();
+    let cycle = PROBE_EXPIRES + PROBE_GRACE;
+    let want = (Duration::from_secs(6).as_millis() / cycle.as_millis()) as usize + 1;
+    assert_eq!(n, want, "one probe per {cycle:?}");
+    assert!(client(&out).is_empty(), "Vector asked for no heartbeat");
+    // The consumer comes back: the next probe lands and delivers; the rest goes full.
+    let at = t.poll_timeout(true).unwrap();
+    let up = upstream(&t.on_timeout(at, true));
+    assert_eq!(up.len(), 1);
+    t.on_message(&delivery("1", 7), at);
+    let out = run_until(&mut t, at + PROBE_EXPIRES + PROBE_GRACE, true);
+    let up = upstream(&out);
+    assert_eq!(up.len(), 1);
+    assert_eq!(body_of(&up[0])["batch"], 199);
+    assert!(body_of(&up[0])["expires"].as_u64().unwrap() > 20_000_000_000);
+}
+
+#[test]
+fn without_an_upstream_nothing_is_placed_but_the_client_is_kept_alive() {
+    let t0 = Instant::now();
+    let mut t = PullTracker::default();
+    request(&mut t, JS_BODY, t0);
+    t.all_lost(t0);
+    let out = run_until(&mut t, t0 + Duration::from_millis(4000), false);
+    assert!(upstream(&out).is_empty());
+    assert_eq!(client(&out).len(), 1, "a heartbeat at 2.5 s");
+    // A link again: probed at once.
+    let out = t.on_timeout(t0 + Duration::from_millis(4000), true);
+    assert_eq!(upstream(&out).len(), 1);
+}
+
+#[test]
+fn no_wait_requests_are_answered_no_messages_when_the_consumer_is_away() {
+    let now = Instant::now();
+    let mut t = PullTracker::default();
+    request(&mut t, br#"{"batch":5,"no_wait":true}"#, now);
+    assert_eq!(t.on_message(&status("1", "503"), now), Shield::Swallow);
+    let out = t.on_timeout(now, false);
+    let c = client(&out);
+    assert_eq!(
+        c,
+        ["HMSG _INBOX.a 1 28 28\r\nNATS/1.0 404 No Messages\r\n\r\n\r\n"]
+    );
+    assert!(t.is_empty());
+    // And the normal end of a no_wait fetch passes.
+    request(&mut t, br#"{"batch":5,"no_wait":true}"#, now);
+    assert_eq!(
+        t.on_message(&status("1", "404 No Messages"), now),
+        Shield::Forward
+    );
+    assert!(t.is_empty());
+}
+
+#[test]
+fn heartbeats_the_client_did_not_ask_for_are_swallowed() {
+    let t0 = Instant::now();
+    let mut t = PullTracker::default();
+    request(&mut t, VECTOR_BODY, t0);
+    let hb = status(
+        "1",
+        "100 Idle Heartbeat\r\nNats-Last-Consumer: 0\r\nNats-Last-Stream: 0",
+    );
+    assert_eq!(
+        t.on_message(&hb, t0 + Duration::from_secs(5)),
+        Shield::Swallow
+    );
+    let mut t = PullTracker::default();
+    request(&mut t, JS_BODY, t0);
+    assert_eq!(t.on_message(&hb, t0), Shield::Forward);
+}
+
+#[test]
+fn statuses_find_their_request_by_reply_on_a_wildcard_inbox() {
+    let now = Instant::now();
+    let mut t = PullTracker::default();
+    t.on_request(API, b"_INBOX.w.1", "9".into(), None, VECTOR_BODY, now);
+    t.on_request(API, b"_INBOX.w.2", "9".into(), None, VECTOR_BODY, now);
+    let end = status_on("_INBOX.w.2", "9", "408 Request Timeout");
+    assert_eq!(t.on_message(&end, now), Shield::Forward);
+    assert_eq!(t.len(), 1);
+    let moved = status_on("_INBOX.w.1", "9", "409 Leadership Change");
+    assert_eq!(t.on_message(&moved, now), Shield::Swallow);
+    let up = upstream(&t.on_timeout(now, true));
+    assert!(String::from_utf8_lossy(&up[0])
+        .starts_with("PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.CV _INBOX.w.1 "));
+}
+
+#[test]
+fn probe_bounds_hold_with_many_requests_on_one_inbox() {
+    let t0 = Instant::now();
+    let mut t = PullTracker::default();
+    for _ in 0..5 {
+        request(&mut t, VECTOR_BODY, t0);
+    }
+    t.all_lost(t0);
+    let out = run_until(&mut t, t0 + Duration::from_secs(3), true);
+    let n = upstream(&out).len();
+    assert!(n <= 6, "one probe out at a time per inbox: {n} in 3 s");
+    assert!(t.poll_timeout(true).unwrap() > t0 + Duration::from_secs(3));
+    assert!(PROBE_INTERVAL >= Duration::from_millis(500));
+}
+
+#[test]
+fn a_placement_later_in_the_expiry_never_carries_a_heartbeat_too_large_for_it() {
+    // async-nats messages(): 30 s with 15 s; moved after 20 s, 10 s left.
+    let t0 = Instant::now();
+    let mut t = PullTracker::default();
+    let body = br#"{"batch":200,"expires":30000000000,"idle_heartbeat":15000000000}"#;
+    request(&mut t, body, t0);
+    let t1 = t0 + Duration::from_secs(20);
+    t.on_message(&status("1", "409 Leadership Change"), t1);
+    t.on_timeout(t1, true);
+    t.on_message(&status("1", "100 Idle Heartbeat"), t1);
+    let t2 = t1 + PROBE_EXPIRES;
+    t.on_message(&status("1", "408 Request Timeout"), t2);
+    let up = upstream(&t.on_timeout(t2, true));
+    let v = body_of(&up[0]);
+    let (exp, hb) = (
+        v["expires"].as_u64().unwrap(),
+        v["idle_heartbeat"].as_u64().unwrap(),
+    );
+    assert!(hb * 2 <= exp, "{hb} x 2 > {exp}");
+    // Refused anyway (older server rules): ours, so swallowed and placed without one.
+    let refused = status("1", "400 Bad Request - heartbeat value too large");
+    assert_eq!(t.on_message(&refused, t2), Shield::Swallow);
+}
+
+#[test]
+fn an_unanswered_no_wait_request_without_expiry_is_forgotten_quietly() {
+    // cnats' first Fetch request: {"no_wait":true,"batch":64}, lost with its link.
+    let t0 = Instant::now();
+    let mut t = PullTracker::default();
+    request(&mut t, br#"{"no_wait":true,"batch":64}"#, t0);
+    let out = run_until(&mut t, t0 + Duration::from_secs(5), true);
+    assert!(out.is_empty(), "{out:?}");
+    assert!(t.is_empty());
+}

@@ -1,0 +1,613 @@
+//! The pull requests of one client, per inbox subscription, and what becomes of each.
+//!
+//! ```text
+//!   client PUB ──► Live ──(credit used up, Ended status)──► gone (status relayed)
+//!                   │  ▲
+//!   ConsumerMoved,  │  │ placed Full
+//!   heartbeats      ▼  │
+//!   missed, ──► Unplaced{at, Probe|Full} ◄──(503: at + PROBE_INTERVAL)── Probing
+//!   failover        │   ▲                                                 ▲  │
+//!                   │   └──(unanswered by until + PROBE_GRACE: Probe)─────┘  │
+//!                   └──(at, upstream, no other probe on the inbox)──────────►┘
+//!                          Probing ──(answered: 408, 100 or a delivery)──► Unplaced{now, Full}
+//!   Unplaced at the client's deadline ──► 408 Request Timeout made by the proxy
+//!   Unplaced no_wait ──► 404 No Messages made by the proxy, at once
+//!   Live past deadline + LIVE_EXPIRY_GRACE without an end ──► forgotten
+//! ```
+//!
+//! - **Live**: placed upstream with the client's remaining credit and expiry, and a
+//!   heartbeat chosen by [`PullBody::upstream_heartbeat`]; two missed beats mean the
+//!   request vanished (an R1 consumer whose node went lame duck drops it silently).
+//! - **Probing**: placed with a short expiry ([`PROBE_EXPIRES`]) to learn whether the
+//!   consumer is back. Any answer from it moves the request to a full placement; no
+//!   answer at all (nats-server 2.9 never answers a pull to an unavailable consumer) or a
+//!   `503` means: not yet. At most one probe per inbox is out at a time, so credit never
+//!   doubles; probes go at most every [`PROBE_INTERVAL`] (2.15: `503` at once) or every
+//!   [`PROBE_EXPIRES`] + [`PROBE_GRACE`] (2.9: no answer), i.e. at most 2 a second per
+//!   inbox.
+//! - **Unplaced**: known not to be placed anywhere (it died with its consumer leader, or
+//!   the link that carried it failed), waiting for a link or its probe turn.
+//!
+//! While a client that asked for `idle_heartbeat` sees nothing on the inbox for that
+//! long, the proxy sends it a heartbeat in the server's exact shape, so no library's
+//! heartbeat monitor fires while the consumer is away. A request that ends normally
+//! (expiry, `408`, credit used) is never placed again behind the client's back.
+//!
+//! Bounds: at most [`MAX_TRACKED_REQUESTS`] requests per session; past it the oldest is
+//! forgotten (it is then only relayed, not protected).
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::request::{self, Ask, PullBody, Sequences};
+use crate::proto::status::{PullStatus, Rejection};
+use crate::proto::Message;
+
+/// Bound of tracked requests per session.
+pub const MAX_TRACKED_REQUESTS: usize = 1024;
+/// Upstream expiry of a probe.
+pub const PROBE_EXPIRES: Duration = Duration::from_millis(400);
+/// How long after a probe's expiry its `408` may still come before it counts as unanswered.
+pub const PROBE_GRACE: Duration = Duration::from_millis(200);
+/// Wait before the next probe after a `503`.
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// Slack on "two heartbeats missed" for timer and network jitter.
+pub const HB_SLACK: Duration = Duration::from_millis(50);
+/// How long past its deadline a placed request's `408` may come before it is forgotten.
+pub const LIVE_EXPIRY_GRACE: Duration = Duration::from_secs(1);
+
+/// The next placement of an unplaced request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// With the remaining credit and expiry: the consumer is known to answer.
+    Full,
+    /// A short probe: whether the consumer answers is unknown.
+    Probe,
+}
+
+/// Where a request stands (see the module diagram).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Live { placed: Instant },
+    Probing { until: Instant, answered: bool },
+    Unplaced { at: Instant, next: Placement },
+}
+
+#[derive(Debug)]
+struct Request {
+    reply: Bytes,
+    api_subject: Bytes,
+    headers: Option<Bytes>,
+    body: PullBody,
+    batch_left: u64,
+    bytes_left: Option<u64>,
+    deadline: Option<Instant>,
+    /// The heartbeat of the current Live placement, if it has one.
+    hb: Option<Duration>,
+    /// The server refused our heartbeat once (`400 … heartbeat value too large`).
+    no_hb: bool,
+    /// The current placement is the client's own frame, unchanged.
+    as_sent: bool,
+    phase: Phase,
+}
+
+/// What is due for one request, and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Due {
+    /// Unplaced at the client's deadline: the proxy writes the server's `408`.
+    Expire,
+    /// Placed, and its end never came by the deadline + [`LIVE_EXPIRY_GRACE`]: forgotten
+    /// without a word (the client's own timer has ended it; a late status would only
+    /// confuse the client's next request on the same inbox).
+    Forget,
+    HeartbeatsMissed,
+    ProbeUnanswered,
+    Place(Placement),
+}
+
+impl Request {
+    fn placed(&self) -> bool {
+        !matches!(self.phase, Phase::Unplaced { .. })
+    }
+
+    fn remaining(&self, now: Instant) -> Option<Duration> {
+        self.deadline.map(|d| d.saturating_duration_since(now))
+    }
+
+    /// The next event of this request; `upstream`: a link can carry a placement now;
+    /// `probe_out`: another request of the inbox is probing.
+    fn due(&self, seen: Instant, upstream: bool, probe_out: bool) -> Option<(Instant, Due)> {
+        // A probe ends through `ProbeUnanswered` (then `Expire` at once, past the
+        // deadline): its 408, if the consumer is there, comes at `until`.
+        let expire = match self.phase {
+            Phase::Unplaced { .. } => self.deadline.map(|t| (t, Due::Expire)),
+            // The server answers a no_wait request at once; one without an expiry
+            // (cnats, nats.go's first Fetch request) that got no answer is gone.
+            Phase::Live { placed } => self
+                .deadline
+                .or(self.body.no_wait.then_some(placed))
+                .map(|d| (d + LIVE_EXPIRY_GRACE, Due::Forget)),
+            Phase::Probing { .. } => None,
+        };
+        let own = match self.phase {
+            Phase::Live { placed } => self
+                .hb
+                .map(|hb| (seen.max(placed) + hb * 2 + HB_SLACK, Due::HeartbeatsMissed)),
+            Phase::Probing { until, .. } => Some((until + PROBE_GRACE, Due::ProbeUnanswered)),
+            Phase::Unplaced { at, next } => {
+                let blocked = !upstream || (next == Placement::Probe && probe_out);
+                (!blocked || self.body.no_wait).then_some((at, Due::Place(next)))
+            }
+        };
+        [expire, own].into_iter().flatten().min_by_key(|(t, _)| *t)
+    }
+}
+
+#[derive(Debug)]
+struct Inbox {
+    requests: VecDeque<Request>,
+    /// Last time the upstream sent anything on this inbox.
+    upstream_seen: Instant,
+    /// Last time the client got anything on it (relayed or made by the proxy).
+    client_seen: Instant,
+    last: Sequences,
+}
+
+impl Inbox {
+    /// The heartbeat the client expects: the shortest its live requests asked for.
+    fn client_hb(&self) -> Option<Duration> {
+        self.requests
+            .iter()
+            .filter_map(|r| r.body.idle_heartbeat)
+            .min()
+    }
+
+    fn probe_out(&self) -> bool {
+        self.requests
+            .iter()
+            .any(|r| matches!(r.phase, Phase::Probing { .. }))
+    }
+
+    /// The oldest placed request on `reply` (statuses name the reply they answer).
+    fn placed_on(&self, reply: &[u8], newest: bool) -> Option<usize> {
+        let hit = |r: &Request| r.placed() && r.reply == reply;
+        if newest {
+            self.requests.iter().rposition(hit)
+        } else {
+            self.requests.iter().position(hit)
+        }
+    }
+
+    /// The consumer answered: a probe has done its job, and requests waiting for a
+    /// probe turn can be placed in full.
+    fn consumer_answered(&mut self, now: Instant) {
+        for r in self.requests.iter_mut() {
+            match &mut r.phase {
+                Phase::Probing { answered, .. } => *answered = true,
+                Phase::Unplaced { at, next } if *next == Placement::Probe => {
+                    *at = now;
+                    *next = Placement::Full;
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// What to do with a message on a tracked inbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shield {
+    Forward,
+    Swallow,
+}
+
+/// A frame the tracker wants written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PullAction {
+    /// A placement (or re-placement) of a request, to publish upstream.
+    ToUpstream(Bytes),
+    /// A status made by the proxy in the server's shape, for the client.
+    ToClient(Bytes),
+}
+
+/// Counters, each counted where the decision is made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PullStats {
+    pub tracked: u64,
+    pub reissued: u64,
+    pub shielded: u64,
+    pub heartbeats_swallowed: u64,
+    pub heartbeats_made: u64,
+    pub timeouts_made: u64,
+}
+
+/// Pull requests of one client, per inbox subscription (sid).
+#[derive(Debug, Default)]
+pub struct PullTracker {
+    inboxes: HashMap<Bytes, Inbox>,
+    pub stats: PullStats,
+}
+
+impl PullTracker {
+    /// True when nothing is tracked (the hot path skips the tracker then).
+    pub fn is_empty(&self) -> bool {
+        self.inboxes.is_empty()
+    }
+
+    /// Requests tracked now.
+    pub fn len(&self) -> usize {
+        self.inboxes.values().map(|i| i.requests.len()).sum()
+    }
+
+    /// The phases of the requests on `sid`, oldest first (tests and the fuzz target).
+    pub fn phases(&self, sid: &[u8]) -> Vec<Phase> {
+        self.inboxes
+            .get(sid)
+            .map(|i| i.requests.iter().map(|r| r.phase).collect())
+            .unwrap_or_default()
+    }
+
+    /// A client request on `api_subject` with reply `reply`, delivered on `sid`. Returns
+    /// the frame to send upstream instead of the client's when the proxy changed it (its
+    /// heartbeat), or None to send the client's bytes as they are (also for anything
+    /// that does not parse: it is then only relayed).
+    pub fn on_request(
+        &mut self,
+        api_subject: &[u8],
+        reply: &[u8],
+        sid: Bytes,
+        headers: Option<&[u8]>,
+        payload: &[u8],
+        now: Instant,
+    ) -> Option<Bytes> {
+        let body = parse_or_none(payload)?;
+        if self.len() >= MAX_TRACKED_REQUESTS {
+            self.forget_oldest();
+        }
+        let hb = body.upstream_heartbeat(body.expires);
+        let rewritten = (hb != body.idle_heartbeat).then(|| {
+            let ask = Ask {
+                batch: body.batch,
+                max_bytes: (body.max_bytes > 0).then_some(body.max_bytes),
+                expires: body.expires,
+                idle_heartbeat: hb,
+            };
+            request::encode_placement(api_subject, reply, headers, &body, ask)
+        });
+        let req = Request {
+            reply: Bytes::copy_from_slice(reply),
+            api_subject: Bytes::copy_from_slice(api_subject),
+            headers: headers.map(Bytes::copy_from_slice),
+            batch_left: body.batch,
+            bytes_left: (body.max_bytes > 0).then_some(body.max_bytes),
+            deadline: body.expires.map(|e| now + e),
+            hb,
+            no_hb: false,
+            as_sent: rewritten.is_none(),
+            phase: Phase::Live { placed: now },
+            body,
+        };
+        let inbox = self.inboxes.entry(sid).or_insert_with(|| Inbox {
+            requests: VecDeque::new(),
+            upstream_seen: now,
+            client_seen: now,
+            last: Sequences::default(),
+        });
+        inbox.requests.push_back(req);
+        self.stats.tracked += 1;
+        rewritten
+    }
+
+    fn forget_oldest(&mut self) {
+        let oldest = self.inboxes.keys().next().cloned();
+        if let Some(sid) = oldest {
+            if let Some(inbox) = self.inboxes.get_mut(&sid) {
+                inbox.requests.pop_front();
+            }
+            self.drop_if_empty(&sid);
+        }
+    }
+
+    fn drop_if_empty(&mut self, sid: &[u8]) {
+        if self.inboxes.get(sid).is_some_and(|i| i.requests.is_empty()) {
+            self.inboxes.remove(sid);
+        }
+    }
+
+    /// A delivery on `sid` (not a status) of `total_len` header and payload bytes, with
+    /// its `$JS.ACK` reply: takes one from the credit of the oldest placed request.
+    pub fn on_delivery(
+        &mut self,
+        sid: &[u8],
+        reply: Option<&[u8]>,
+        total_len: usize,
+        now: Instant,
+    ) {
+        let Some(inbox) = self.inboxes.get_mut(sid) else {
+            return;
+        };
+        inbox.upstream_seen = now;
+        inbox.client_seen = now;
+        if let Some(s) = reply.and_then(Sequences::of_ack) {
+            inbox.last = s;
+        }
+        inbox.consumer_answered(now);
+        if let Some(i) = inbox.requests.iter().position(Request::placed) {
+            let r = &mut inbox.requests[i];
+            r.batch_left = r.batch_left.saturating_sub(1);
+            if let Some(b) = r.bytes_left.as_mut() {
+                *b = b.saturating_sub(total_len as u64);
+            }
+            if r.batch_left == 0 || r.bytes_left == Some(0) {
+                inbox.requests.remove(i);
+            }
+        }
+        self.drop_if_empty(sid);
+    }
+
+    /// A message on a subscription; deliveries go to [`Self::on_delivery`], statuses are
+    /// decided by their [`PullStatus`].
+    pub fn on_message(&mut self, m: &Message, now: Instant) -> Shield {
+        let sid = m.sid();
+        let Some(status) = PullStatus::of(m) else {
+            self.on_delivery(sid, m.reply(), m.total_len(), now);
+            return Shield::Forward;
+        };
+        let Some(inbox) = self.inboxes.get_mut(sid) else {
+            return Shield::Forward;
+        };
+        inbox.upstream_seen = now;
+        let reply = m.subject();
+        let shield = match status {
+            PullStatus::Heartbeat => {
+                inbox.consumer_answered(now);
+                if inbox.client_hb().is_some() {
+                    Shield::Forward
+                } else {
+                    self.stats.heartbeats_swallowed += 1;
+                    Shield::Swallow
+                }
+            }
+            PullStatus::Ended => {
+                inbox.consumer_answered(now);
+                match inbox.placed_on(reply, false) {
+                    Some(i) => ended(inbox, i, now),
+                    None => Shield::Forward,
+                }
+            }
+            PullStatus::ConsumerMoved | PullStatus::ConsumerUnavailable => {
+                let newest = status == PullStatus::ConsumerUnavailable;
+                if let Some(i) = inbox.placed_on(reply, newest) {
+                    let (at, next) = match (status, inbox.requests[i].phase) {
+                        (PullStatus::ConsumerUnavailable, _) => {
+                            (now + PROBE_INTERVAL, Placement::Probe)
+                        }
+                        (_, Phase::Probing { answered: true, .. }) => (now, Placement::Full),
+                        _ => (now, Placement::Probe),
+                    };
+                    let r = &mut inbox.requests[i];
+                    // A no_wait request is answered at once rather than waited for.
+                    let at = if r.body.no_wait { now } else { at };
+                    r.phase = Phase::Unplaced { at, next };
+                }
+                self.stats.shielded += 1;
+                Shield::Swallow
+            }
+            PullStatus::Rejected(Rejection::ConsumerGone) => {
+                inbox.requests.clear();
+                Shield::Forward
+            }
+            PullStatus::Rejected(Rejection::HeartbeatTooLarge) => {
+                match inbox.placed_on(reply, true) {
+                    Some(i) if !inbox.requests[i].as_sent => {
+                        // Ours, not the client's: place it again without one.
+                        let r = &mut inbox.requests[i];
+                        r.no_hb = true;
+                        r.phase = Phase::Unplaced {
+                            at: now,
+                            next: Placement::Full,
+                        };
+                        self.stats.shielded += 1;
+                        Shield::Swallow
+                    }
+                    Some(i) => {
+                        inbox.requests.remove(i);
+                        Shield::Forward
+                    }
+                    None => Shield::Forward,
+                }
+            }
+            PullStatus::Rejected(Rejection::Request) => {
+                if let Some(i) = inbox.placed_on(reply, true) {
+                    inbox.requests.remove(i);
+                }
+                Shield::Forward
+            }
+            PullStatus::Other => Shield::Forward,
+        };
+        if shield == Shield::Forward {
+            inbox.client_seen = now;
+        }
+        self.drop_if_empty(sid);
+        shield
+    }
+
+    /// Every placed request may be gone (the link that carried them failed): place all
+    /// again, probing first.
+    pub fn all_lost(&mut self, now: Instant) {
+        for inbox in self.inboxes.values_mut() {
+            for r in inbox.requests.iter_mut().filter(|r| r.placed()) {
+                r.phase = Phase::Unplaced {
+                    at: now,
+                    next: Placement::Probe,
+                };
+            }
+            inbox.upstream_seen = now;
+        }
+    }
+
+    /// The client unsubscribed `sid`: its requests can no longer be served.
+    pub fn unsubscribed(&mut self, sid: &[u8]) {
+        self.inboxes.remove(sid);
+    }
+
+    /// Runs what is due at `now`; `upstream`: a link can carry placements. Returns the
+    /// frames to write, in order.
+    pub fn on_timeout(&mut self, now: Instant, upstream: bool) -> Vec<PullAction> {
+        let mut out = Vec::new();
+        let mut emptied = Vec::new();
+        for (sid, inbox) in self.inboxes.iter_mut() {
+            let mut i = 0;
+            while i < inbox.requests.len() {
+                let probe_out = inbox.probe_out();
+                let seen = inbox.upstream_seen;
+                let due = inbox.requests[i].due(seen, upstream, probe_out);
+                let Some((_, what)) = due.filter(|(t, _)| *t <= now) else {
+                    i += 1;
+                    continue;
+                };
+                let r = &mut inbox.requests[i];
+                match what {
+                    Due::Expire => {
+                        let frame = if r.body.no_wait {
+                            request::no_messages(&r.reply, sid)
+                        } else {
+                            let bytes = r.bytes_left.unwrap_or(0);
+                            request::request_timeout(&r.reply, sid, r.batch_left, bytes)
+                        };
+                        self.stats.timeouts_made += 1;
+                        out.push(PullAction::ToClient(frame));
+                        inbox.client_seen = now;
+                        inbox.requests.remove(i);
+                        continue;
+                    }
+                    Due::Forget => {
+                        inbox.requests.remove(i);
+                        continue;
+                    }
+                    Due::HeartbeatsMissed => {
+                        r.phase = Phase::Unplaced {
+                            at: now,
+                            next: Placement::Probe,
+                        };
+                    }
+                    Due::ProbeUnanswered => {
+                        let answered = matches!(r.phase, Phase::Probing { answered: true, .. });
+                        r.phase = Phase::Unplaced {
+                            at: now,
+                            next: if answered {
+                                Placement::Full
+                            } else {
+                                Placement::Probe
+                            },
+                        };
+                    }
+                    Due::Place(_) if r.body.no_wait => {
+                        // The consumer is away or moved: a no_wait request is answered
+                        // "nothing now", as the server answers it with nothing pending.
+                        out.push(PullAction::ToClient(request::no_messages(&r.reply, sid)));
+                        inbox.client_seen = now;
+                        inbox.requests.remove(i);
+                        continue;
+                    }
+                    Due::Place(how) => {
+                        out.push(PullAction::ToUpstream(place(r, how, now)));
+                        self.stats.reissued += 1;
+                    }
+                }
+                // The phase changed; look at this request again.
+            }
+            if let Some(hb) = inbox.client_hb() {
+                if now >= inbox.client_seen + hb {
+                    let newest = inbox.requests.back().map(|r| r.reply.clone());
+                    if let Some(reply) = newest {
+                        out.push(PullAction::ToClient(request::idle_heartbeat(
+                            &reply, sid, inbox.last,
+                        )));
+                        self.stats.heartbeats_made += 1;
+                        inbox.client_seen = now;
+                    }
+                }
+            }
+            if inbox.requests.is_empty() {
+                emptied.push(sid.clone());
+            }
+        }
+        for sid in emptied {
+            self.inboxes.remove(&sid);
+        }
+        out
+    }
+
+    /// The next moment [`Self::on_timeout`] has something to do.
+    pub fn poll_timeout(&self, upstream: bool) -> Option<Instant> {
+        self.inboxes
+            .values()
+            .flat_map(|ib| {
+                let probe_out = ib.probe_out();
+                let beat = ib.client_hb().map(|hb| ib.client_seen + hb);
+                ib.requests
+                    .iter()
+                    .filter_map(move |r| r.due(ib.upstream_seen, upstream, probe_out))
+                    .map(|(t, _)| t)
+                    .chain(beat)
+            })
+            .min()
+    }
+}
+
+fn parse_or_none(payload: &[u8]) -> Option<PullBody> {
+    request::parse_body(payload)
+}
+
+/// An `Ended` status for placed request `i`: a probe that ended before the client's
+/// deadline is the proxy's business (place the rest in full); anything else is the
+/// request's true end and reaches the client.
+fn ended(inbox: &mut Inbox, i: usize, now: Instant) -> Shield {
+    let r = &mut inbox.requests[i];
+    let client_time_left = r.remaining(now).is_none_or(|d| !d.is_zero());
+    if matches!(r.phase, Phase::Probing { .. }) && client_time_left && !r.body.no_wait {
+        r.phase = Phase::Unplaced {
+            at: now,
+            next: Placement::Full,
+        };
+        return Shield::Swallow;
+    }
+    inbox.requests.remove(i);
+    Shield::Forward
+}
+
+/// Places `r` upstream now: the frame, and its new phase.
+fn place(r: &mut Request, how: Placement, now: Instant) -> Bytes {
+    let remaining = r.remaining(now);
+    let (expires, hb) = match how {
+        Placement::Probe => (
+            Some(remaining.map_or(PROBE_EXPIRES, |d| d.min(PROBE_EXPIRES))),
+            None,
+        ),
+        Placement::Full if r.no_hb => (remaining, None),
+        Placement::Full => (remaining, r.body.upstream_heartbeat(remaining)),
+    };
+    let ask = Ask {
+        batch: r.batch_left,
+        max_bytes: r.bytes_left,
+        expires,
+        idle_heartbeat: hb,
+    };
+    let frame =
+        request::encode_placement(&r.api_subject, &r.reply, r.headers.as_deref(), &r.body, ask);
+    r.as_sent = false;
+    r.phase = match how {
+        Placement::Full => {
+            r.hb = hb;
+            Phase::Live { placed: now }
+        }
+        Placement::Probe => Phase::Probing {
+            until: now + expires.unwrap_or(PROBE_EXPIRES),
+            answered: false,
+        },
+    };
+    frame
+}
