@@ -231,12 +231,15 @@ impl Cluster {
         .await;
     }
 
-    /// Starts node `i` again and waits until it is healthy and routed.
-    pub async fn restart(&mut self, i: usize) {
+    /// Starts node `i` again and waits until it is healthy and routed; returns when its
+    /// `/healthz` first answered 200.
+    pub async fn restart(&mut self, i: usize) -> std::time::SystemTime {
         assert!(self.nodes[i].child.is_none(), "node still running");
         self.nodes[i].spawn();
         self.wait_healthy(i).await;
+        let healthy = std::time::SystemTime::now();
         self.wait_routes().await;
+        healthy
     }
 
     /// SIGKILL.

@@ -1,0 +1,516 @@
+//! JetStream pull consumers of every official client library, each behind its own
+//! natsproxy (as a sidecar), while a real cluster restarts or loses a node.
+//!
+//! The consumers live in `tests/clients/`: nats.go 1.22 (`Fetch` loop), cnats 3.4
+//! (`natsSubscription_Fetch` loop), nats.js v3 and v2 (`consume()`), nats-py (`fetch`
+//! loop), plus Vector's own loop on async-nats 0.42 in process. Each counts every
+//! disconnect, reconnect and library error, and exits non-zero on any, or when a message
+//! is missing. A publisher on a 4th node that never restarts sends numbered messages
+//! (message id = number, retried until stored), so every loss counted is the proxy's.
+//! All clients of a scenario run side by side. Set-up: `.ci/setup` installs Go, cnats,
+//! the npm packages and nats-py.
+
+mod common;
+use common::cluster::{Cluster, ClusterOpts};
+use common::*;
+
+use async_nats::jetstream::{self, consumer::pull, stream};
+use futures::StreamExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+const STREAM: &str = "LOGS";
+
+fn clients_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients")
+}
+
+fn run_ok(cmd: &mut std::process::Command, what: &str) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: {e} (run .ci/setup to install the client toolchains)"));
+    assert!(
+        out.status.success(),
+        "{what} failed (run .ci/setup):\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Builds the Go and C consumers once per test binary; returns their paths.
+fn binaries() -> &'static (PathBuf, PathBuf) {
+    static BINS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    BINS.get_or_init(|| {
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("clients");
+        std::fs::create_dir_all(&out).unwrap();
+        let go = out.join("go-consumer");
+        run_ok(
+            std::process::Command::new("go")
+                .args(["build", "-o"])
+                .arg(&go)
+                .arg("consumer.go")
+                .current_dir(clients_dir().join("go"))
+                .env("GO111MODULE", "off")
+                .env("GOPATH", "/usr/share/gocode")
+                .env("GOCACHE", out.join("gocache")),
+            "go build",
+        );
+        let c = out.join("c-consumer");
+        run_ok(
+            std::process::Command::new("cc")
+                .args(["-O1", "-Wall", "-Werror", "-o"])
+                .arg(&c)
+                .arg(clients_dir().join("c/consumer.c"))
+                .arg("-lnats"),
+            "cc consumer.c -lnats",
+        );
+        assert!(
+            clients_dir().join("js/node_modules/nats").is_dir()
+                && clients_dir()
+                    .join("js/node_modules/@nats-io/jetstream")
+                    .is_dir(),
+            "tests/clients/js/node_modules missing (run .ci/setup)"
+        );
+        (go, c)
+    })
+}
+
+/// One consumer program and the durable it reads.
+struct Client {
+    name: &'static str,
+    durable: &'static str,
+    argv: Vec<String>,
+}
+
+fn external_clients() -> Vec<Client> {
+    let (go, c) = binaries();
+    let node = |flavour: &str| {
+        vec![
+            "node".into(),
+            clients_dir().join("js/consumer.mjs").display().to_string(),
+            flavour.into(),
+        ]
+    };
+    vec![
+        Client {
+            name: "nats.go",
+            durable: "GO",
+            argv: vec![go.display().to_string()],
+        },
+        Client {
+            name: "cnats",
+            durable: "C",
+            argv: vec![c.display().to_string()],
+        },
+        Client {
+            name: "nats.js v3",
+            durable: "JS3",
+            argv: node("v3"),
+        },
+        Client {
+            name: "nats.js v2",
+            durable: "JS2",
+            argv: node("v2"),
+        },
+        Client {
+            name: "nats-py",
+            durable: "PY",
+            argv: vec![
+                "python3".into(),
+                clients_dir().join("py/consumer.py").display().to_string(),
+            ],
+        },
+    ]
+}
+
+/// What one consumer reported.
+#[derive(Debug, Default, Clone)]
+struct Outcome {
+    name: String,
+    ok: bool,
+    received: u64,
+    dups: u64,
+    errors: u64,
+    disconnects: u64,
+    max_gap_ms: u64,
+    resume_unix_ms: u64,
+    stderr: String,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn parse_result(name: &str, line: &str) -> Outcome {
+    let mut o = Outcome {
+        name: name.into(),
+        ..Default::default()
+    };
+    for kv in line.split_whitespace().skip(1) {
+        let Some((k, v)) = kv.split_once('=') else {
+            continue;
+        };
+        let v: u64 = v.parse().unwrap_or(0);
+        match k {
+            "received" => o.received = v,
+            "dups" => o.dups = v,
+            "errors" => o.errors = v,
+            "disconnects" => o.disconnects = v,
+            "max_gap_ms" => o.max_gap_ms = v,
+            "resume_unix_ms" => o.resume_unix_ms = v,
+            _ => {}
+        }
+    }
+    o
+}
+
+/// Starts `c` against `url`; resolves once it printed READY, to a task that ends with
+/// its outcome.
+async fn spawn_client(
+    c: &Client,
+    url: &str,
+    expect: u64,
+    secs: u64,
+) -> tokio::task::JoinHandle<Outcome> {
+    let mut child = Command::new(&c.argv[0])
+        .args(&c.argv[1..])
+        .args([
+            url,
+            STREAM,
+            c.durable,
+            &expect.to_string(),
+            &secs.to_string(),
+        ])
+        .current_dir(clients_dir().join("js"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e} (run .ci/setup)", c.name));
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let name = c.name.to_string();
+    let mut errs = tokio::spawn(async move {
+        let mut all = String::new();
+        while let Ok(Some(l)) = stderr.next_line().await {
+            eprintln!("[{name}] {l}");
+            all += &l;
+            all.push('\n');
+        }
+        all
+    });
+    within(
+        Duration::from_secs(30),
+        &format!("{} READY", c.name),
+        async {
+            loop {
+                match stdout.next_line().await.unwrap() {
+                    Some(l) if l == "READY" => return,
+                    Some(_) => {}
+                    None => panic!(
+                        "{} exited before READY: {}",
+                        c.name,
+                        (&mut errs).await.unwrap()
+                    ),
+                }
+            }
+        },
+    )
+    .await;
+    let name = c.name.to_string();
+    tokio::spawn(async move {
+        let mut result = String::new();
+        while let Ok(Some(l)) = stdout.next_line().await {
+            if l.starts_with("RESULT ") {
+                result = l;
+            }
+        }
+        let status = child.wait().await.unwrap();
+        let mut o = parse_result(&name, &result);
+        o.ok = status.success() && !result.is_empty();
+        o.stderr = errs.await.unwrap_or_default();
+        o
+    })
+}
+
+/// Vector 0.51's loop on async-nats 0.42 (stop at the first `Err` item), as an outcome.
+async fn spawn_vector(url: &str, expect: u64, secs: u64) -> tokio::task::JoinHandle<Outcome> {
+    let changes = Arc::new(AtomicU64::new(0));
+    let counter = changes.clone();
+    let c = async_nats::ConnectOptions::new()
+        .name("vector")
+        .event_callback(move |ev| {
+            let counter = counter.clone();
+            async move {
+                // Every reconnect follows a disconnect; the first Connected is the start.
+                if matches!(ev, async_nats::Event::Disconnected) {
+                    eprintln!("[async-nats] ERROR disconnected");
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+        .connect(url)
+        .await
+        .unwrap();
+    let js = jetstream::new(c);
+    let consumer: jetstream::consumer::PullConsumer = js
+        .get_stream(STREAM)
+        .await
+        .unwrap()
+        .get_consumer("AN")
+        .await
+        .unwrap();
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(200)
+        .max_bytes_per_batch(0)
+        .messages()
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let mut o = Outcome {
+            name: "async-nats (Vector loop)".into(),
+            ..Default::default()
+        };
+        let mut seen = std::collections::HashSet::new();
+        let mut last = Instant::now();
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while (seen.len() as u64) < expect {
+            let next = tokio::time::timeout_at(deadline.into(), messages.next());
+            match next.await {
+                Ok(Some(Ok(m))) => {
+                    let gap = last.elapsed();
+                    if gap.as_millis() as u64 > o.max_gap_ms {
+                        o.max_gap_ms = gap.as_millis() as u64;
+                        o.resume_unix_ms = unix_ms();
+                    }
+                    last = Instant::now();
+                    let n: u64 = std::str::from_utf8(&m.payload)
+                        .unwrap_or("")
+                        .parse()
+                        .unwrap_or(0);
+                    if !seen.insert(n) {
+                        o.dups += 1;
+                    }
+                    let _ = m.ack().await;
+                }
+                Ok(Some(Err(e))) => {
+                    o.errors += 1;
+                    o.stderr = format!("Err item (Vector's source stops here): {e:?}");
+                    break;
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        o.received = seen.len() as u64;
+        o.disconnects = changes.load(Ordering::Relaxed);
+        o.ok = o.received >= expect && o.errors == 0 && o.disconnects == 0;
+        o
+    })
+}
+
+async fn setup(cluster: &Cluster, replicas: usize, place_on: Option<&str>, durables: &[&str]) {
+    let c = async_nats::connect(cluster.nodes[1].url()).await.unwrap();
+    let js = jetstream::new(c);
+    let placement = place_on.map(|n| stream::Placement {
+        cluster: None,
+        tags: vec![format!("node:{n}")],
+    });
+    within(Duration::from_secs(30), "stream and consumers", async {
+        'again: loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let Ok(s) = js
+                .create_stream(stream::Config {
+                    name: STREAM.into(),
+                    subjects: vec!["logs.>".into()],
+                    num_replicas: replicas,
+                    placement: placement.clone(),
+                    ..Default::default()
+                })
+                .await
+            else {
+                continue;
+            };
+            for d in durables {
+                let made = s
+                    .create_consumer(pull::Config {
+                        durable_name: Some((*d).into()),
+                        ack_wait: Duration::from_secs(10),
+                        num_replicas: replicas,
+                        ..Default::default()
+                    })
+                    .await;
+                if made.is_err() {
+                    continue 'again;
+                }
+            }
+            return;
+        }
+    })
+    .await;
+}
+
+/// Publishes 1..=n at about `per_sec`, each retried until stored; `stored` counts them.
+fn spawn_publisher(
+    url: String,
+    n: u64,
+    per_sec: u64,
+    stored: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let js = jetstream::new(async_nats::connect(url).await.unwrap());
+        let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / per_sec));
+        for i in 1..=n {
+            tick.tick().await;
+            loop {
+                let p = jetstream::context::Publish::build()
+                    .payload(i.to_string().into())
+                    .message_id(i.to_string());
+                let sent = tokio::time::timeout(Duration::from_secs(2), async {
+                    js.send_publish("logs.v", p).await.ok()?.await.ok()
+                })
+                .await;
+                if matches!(sent, Ok(Some(_))) {
+                    stored.store(i, Ordering::Relaxed);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    })
+}
+
+struct Run {
+    cluster: Cluster,
+    proxies: Vec<TestProxy>,
+    tasks: Vec<tokio::task::JoinHandle<Outcome>>,
+}
+
+/// Cluster, stream, one proxy per client, every client READY.
+async fn start(replicas: usize, place_on: Option<&str>, expect: u64, secs: u64) -> Run {
+    init_logs();
+    let clients = external_clients();
+    let cluster = Cluster::start(ClusterOpts {
+        nodes: 3,
+        jetstream: true,
+        publisher_node: true,
+    })
+    .await;
+    let mut durables: Vec<&str> = clients.iter().map(|c| c.durable).collect();
+    durables.push("AN");
+    setup(&cluster, replicas, place_on, &durables).await;
+    let mut proxies = Vec::new();
+    let mut tasks = Vec::new();
+    for c in &clients {
+        let p = TestProxy::start(&cluster.urls()).await;
+        tasks.push(spawn_client(c, &p.url(), expect, secs).await);
+        proxies.push(p);
+    }
+    let p = TestProxy::start(&cluster.urls()).await;
+    tasks.push(spawn_vector(&p.url(), expect, secs).await);
+    proxies.push(p);
+    Run {
+        cluster,
+        proxies,
+        tasks,
+    }
+}
+
+async fn finish(run: Run, healthy_unix_ms: Option<u64>) -> Vec<Outcome> {
+    let mut outcomes = Vec::new();
+    for t in run.tasks {
+        outcomes.push(t.await.unwrap());
+    }
+    eprintln!("server {}", server_version());
+    for o in &outcomes {
+        let resume = healthy_unix_ms.map_or(String::new(), |h| {
+            format!(
+                " resume_after_healthy={}ms",
+                o.resume_unix_ms as i64 - h as i64
+            )
+        });
+        eprintln!(
+            "{:<26} received={} dups={} errors={} disconnects={} max_gap={}ms{resume}",
+            o.name, o.received, o.dups, o.errors, o.disconnects, o.max_gap_ms
+        );
+    }
+    for p in run.proxies {
+        p.stop().await;
+    }
+    drop(run.cluster);
+    outcomes
+}
+
+fn assert_clean(outcomes: &[Outcome], expect: u64) {
+    let bad: Vec<String> = outcomes
+        .iter()
+        .filter(|o| !o.ok || o.received < expect || o.errors > 0 || o.disconnects > 0)
+        .map(|o| format!("{o:?}"))
+        .collect();
+    assert!(bad.is_empty(), "clients that noticed:\n{}", bad.join("\n"));
+}
+
+/// R3 stream and consumers; every node in turn: lame duck, exit, restart, healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_client_through_a_rolling_lame_duck_restart_r3() {
+    const N: u64 = 3000;
+    let mut run = start(3, None, N, 180).await;
+    let url = run.cluster.publisher.as_ref().unwrap().url();
+    let publisher = spawn_publisher(url, N, 150, Arc::default());
+    for i in 0..3 {
+        run.cluster.lame_duck(i);
+        run.cluster.wait_exit(i, Duration::from_secs(40)).await;
+        run.cluster.restart(i).await;
+    }
+    within(Duration::from_secs(120), "publisher", publisher)
+        .await
+        .unwrap();
+    let outcomes = finish(run, None).await;
+    assert_clean(&outcomes, N);
+}
+
+/// R1 stream and consumers on n1; n1 goes lame duck and stays away 40 s. Every client
+/// keeps its connection and gets no error meanwhile, and resumes within 1 s of n1 being
+/// healthy again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_client_through_a_40s_outage_of_its_r1_consumer() {
+    const N: u64 = 1500;
+    let mut run = start(1, Some("n1"), N, 180).await;
+    let stored = Arc::new(AtomicU64::new(0));
+    let url = run.cluster.publisher.as_ref().unwrap().url();
+    let publisher = spawn_publisher(url, N, 100, stored.clone());
+    // Some traffic first, then the outage.
+    within(Duration::from_secs(30), "first messages stored", async {
+        while stored.load(Ordering::Relaxed) < 300 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    run.cluster.lame_duck(0);
+    run.cluster.wait_exit(0, Duration::from_secs(40)).await;
+    let away = Instant::now();
+    tokio::time::sleep(Duration::from_secs(40).saturating_sub(away.elapsed())).await;
+    let healthy = run.cluster.restart(0).await;
+    let healthy = healthy.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+    within(Duration::from_secs(120), "publisher", publisher)
+        .await
+        .unwrap();
+    let outcomes = finish(run, Some(healthy)).await;
+    assert_clean(&outcomes, N);
+    for o in &outcomes {
+        let after = o.resume_unix_ms as i64 - healthy as i64;
+        assert!(
+            after <= 1000,
+            "{} resumed {after} ms after the node was healthy",
+            o.name
+        );
+    }
+}

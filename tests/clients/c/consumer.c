@@ -1,0 +1,108 @@
+/* A JetStream pull consumer written as a cnats 3.4 user writes one: js_PullSubscribe
+ * bound to a durable, natsSubscription_Fetch(batch, 1 s) in a loop, natsMsg_Ack each
+ * message. Any disconnect, reconnect or library error (other than a Fetch that found
+ * nothing in time) is counted and fails the run.
+ *
+ * usage: consumer URL STREAM CONSUMER EXPECT DEADLINE_SECS
+ * prints: RESULT received=N dups=N errors=N disconnects=N max_gap_ms=N resume_unix_ms=N */
+#include <nats/nats.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static volatile int disconnects = 0;
+static volatile int async_errors = 0;
+
+static void on_disconnect(natsConnection *nc, void *c) {
+    (void)nc; (void)c;
+    disconnects++;
+    fprintf(stderr, "ERROR disconnected\n");
+}
+
+static void on_reconnect(natsConnection *nc, void *c) {
+    (void)nc; (void)c;
+    disconnects++;
+    fprintf(stderr, "ERROR reconnected\n");
+}
+
+static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus s, void *c) {
+    (void)nc; (void)sub; (void)c;
+    async_errors++;
+    fprintf(stderr, "ERROR async: %s\n", natsStatus_GetText(s));
+}
+
+int main(int argc, char **argv) {
+    if (argc != 6) {
+        fprintf(stderr, "usage: consumer URL STREAM CONSUMER EXPECT DEADLINE_SECS\n");
+        return 2;
+    }
+    const char *url = argv[1], *stream = argv[2], *durable = argv[3];
+    int expect = atoi(argv[4]);
+    int64_t deadline = nats_Now() + (int64_t)atoi(argv[5]) * 1000;
+    natsOptions *opts = NULL;
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    natsSubscription *sub = NULL;
+    jsSubOptions so;
+    jsErrCode jerr = 0;
+    natsStatus s = natsOptions_Create(&opts);
+    if (s == NATS_OK) s = natsOptions_SetURL(opts, url);
+    if (s == NATS_OK) s = natsOptions_SetName(opts, durable);
+    if (s == NATS_OK) s = natsOptions_SetDisconnectedCB(opts, on_disconnect, NULL);
+    if (s == NATS_OK) s = natsOptions_SetReconnectedCB(opts, on_reconnect, NULL);
+    if (s == NATS_OK) s = natsOptions_SetErrorHandler(opts, on_error, NULL);
+    if (s == NATS_OK) s = natsConnection_Connect(&nc, opts);
+    if (s == NATS_OK) s = natsConnection_JetStream(&js, nc, NULL);
+    if (s == NATS_OK) s = jsSubOptions_Init(&so);
+    if (s == NATS_OK) {
+        so.Stream = stream;
+        so.Consumer = durable;
+        s = js_PullSubscribe(&sub, js, "", durable, NULL, &so, &jerr);
+    }
+    if (s != NATS_OK) {
+        fprintf(stderr, "ERROR setup: %s (%d)\n", natsStatus_GetText(s), (int)jerr);
+        return 2;
+    }
+    printf("READY\n");
+    fflush(stdout);
+    char *seen = calloc((size_t)expect + 1, 1);
+    int received = 0, dups = 0, errors = 0;
+    int64_t last = nats_Now(), max_gap = 0, resume = 0;
+    while (received < expect && nats_Now() < deadline) {
+        natsMsgList list = {0};
+        s = natsSubscription_Fetch(&list, sub, 64, 1000, &jerr);
+        if (s != NATS_OK && s != NATS_TIMEOUT) {
+            errors++;
+            fprintf(stderr, "ERROR fetch: %s (%d) %s\n", natsStatus_GetText(s), (int)jerr,
+                    nats_GetLastError(NULL) ? nats_GetLastError(NULL) : "");
+        }
+        for (int i = 0; i < list.Count; i++) {
+            natsMsg *m = list.Msgs[i];
+            int64_t now = nats_Now();
+            if (now - last > max_gap) {
+                max_gap = now - last;
+                resume = now;
+            }
+            last = now;
+            char buf[32] = {0};
+            int len = natsMsg_GetDataLength(m);
+            memcpy(buf, natsMsg_GetData(m), len < 31 ? len : 31);
+            int n = atoi(buf);
+            if (n >= 1 && n <= expect) {
+                if (seen[n]) dups++;
+                else received++;
+                seen[n] = 1;
+            }
+            if (natsMsg_Ack(m, NULL) != NATS_OK) {
+                errors++;
+                fprintf(stderr, "ERROR ack\n");
+            }
+        }
+        natsMsgList_Destroy(&list);
+    }
+    errors += async_errors;
+    printf("RESULT received=%d dups=%d errors=%d disconnects=%d max_gap_ms=%lld resume_unix_ms=%lld\n",
+           received, dups, errors, disconnects, (long long)max_gap, (long long)resume);
+    fflush(stdout);
+    return (received < expect || errors > 0 || disconnects > 0) ? 1 : 0;
+}
