@@ -64,6 +64,7 @@ use crate::proto::{
 };
 pub use action::{Action, CloseReason, Epoch};
 use dedup::Dedup;
+use jetstream::acks::{self, AckMemory};
 use jetstream::{PullAction, PullTracker, Shield};
 use link::{Link, LinkState, PingOwner};
 use pool::NodePool;
@@ -184,6 +185,8 @@ pub struct SessionStats {
     pub last_switch: Option<Duration>,
     /// JetStream pull requests re-sent by the proxy.
     pub pulls_reissued: u64,
+    /// Redeliveries of messages the client had acked, acked again by the proxy.
+    pub redeliveries_acked: u64,
     /// Statuses kept from the client (503 and others its library turns into errors).
     pub statuses_shielded: u64,
     /// Messages relayed to the client.
@@ -279,6 +282,7 @@ pub struct Session {
     rng: fastrand::Rng,
     stats: SessionStats,
     pulls: PullTracker,
+    acks: AckMemory,
     /// Re-issue every tracked pull request once a new primary is up (hard failover).
     reissue_pulls: bool,
     /// Events for metrics; bounded (oldest dropped past [`MAX_EVENTS`]).
@@ -325,6 +329,7 @@ impl Session {
             rng,
             stats: SessionStats::default(),
             pulls: PullTracker::default(),
+            acks: AckMemory::default(),
             reissue_pulls: false,
             events: VecDeque::new(),
         };
@@ -609,6 +614,7 @@ impl Session {
 
     fn on_pub(&mut self, m: Message) {
         self.stats.msgs_to_upstream += 1;
+        self.acks.on_client_publish(m.subject(), m.payload());
         if self.opts.pedantic && !subject::is_valid_literal_subject(m.subject()) {
             // nats-server complains but still processes the message.
             self.send_client(encode::err("Invalid Publish Subject"));
@@ -875,7 +881,14 @@ impl Session {
             let peeked = match self.link(role) {
                 Some(l) if plain => l.decoder.peek_msg(&buf[run..]),
                 _ => None,
-            };
+            }
+            .filter(|v| {
+                // A possible redelivery of something the client acked: the full path.
+                self.acks.is_empty()
+                    || !v
+                        .reply
+                        .is_some_and(|r| acks::maybe_redelivery(&buf[run..][r.range()]))
+            });
             if let Some(v) = peeked {
                 let sid = &buf[run..][v.sid.range()];
                 if !self.pulls.is_empty() {
@@ -1245,6 +1258,20 @@ impl Session {
             && m.payload().is_empty()
         {
             // The server sends no-responders statuses only to clients that asked for them.
+            return;
+        }
+        if let Some(reply) = m.reply().filter(|r| self.acks.is_acked_redelivery(r)) {
+            // The client acked this message already (the ack was lost upstream): ack it
+            // again and keep the client from processing it twice.
+            let ack = encode::publish(reply, None, None, b"");
+            debug!(reply = %String::from_utf8_lossy(reply), "acked again a redelivery the client had acked");
+            if !self.pulls.is_empty() {
+                self.pulls
+                    .on_delivery(m.sid(), Some(reply), m.total_len(), self.now);
+            }
+            self.subs.delivered(m.sid());
+            self.stats.redeliveries_acked += 1;
+            self.send_publish(Pending::Data(ack));
             return;
         }
         if !self.pulls.is_empty() && self.pulls.on_message(&m, self.now) == Shield::Swallow {

@@ -597,3 +597,33 @@ fn fast_path_runs_keep_order_with_everything_else() {
     assert!(h.s.subs.get(b"2").is_none());
     assert_eq!(h.s.subs.get(b"1").map(|s| s.delivered), Some(6));
 }
+
+#[test]
+fn a_redelivery_of_an_acked_message_is_acked_again_not_delivered() {
+    let mut h = H::connected();
+    h.client(b"SUB _INBOX.v 1\r\n");
+    let first = b"MSG logs.v 1 $JS.ACK.LOGS.CV.1.58.5.1795971532879267765.0 3\r\nm58\r\n";
+    assert_eq!(to_client(&h.upstream(1, first)), first.to_vec());
+    // The client acks; the ack dies with the node; the server redelivers after ack_wait.
+    h.client(b"PUB $JS.ACK.LOGS.CV.1.58.5.1795971532879267765.0 0\r\n\r\n");
+    let again = b"MSG logs.v 1 $JS.ACK.LOGS.CV.2.58.6.1795971562879267765.0 3\r\nm58\r\n";
+    let other = b"MSG logs.v 1 $JS.ACK.LOGS.CV.2.59.7.1795971562879267766.0 3\r\nm59\r\n";
+    let mut both = again.to_vec();
+    both.extend_from_slice(other);
+    let a = h.upstream(1, &both);
+    assert_eq!(
+        to_client(&a),
+        other.to_vec(),
+        "only the redelivery of what the client never acked reaches it"
+    );
+    let up = String::from_utf8(to_upstream(&a)).unwrap();
+    assert!(
+        up.contains("PUB $JS.ACK.LOGS.CV.2.58.6.1795971562879267765.0 0\r\n\r\n"),
+        "acked again by the proxy: {up:?}"
+    );
+    assert_eq!(h.s.stats().redeliveries_acked, 1);
+    // A NAKed message is the client's to get again.
+    h.client(b"PUB $JS.ACK.LOGS.CV.2.59.7.1795971562879267766.0 4\r\n-NAK\r\n");
+    let nak = b"MSG logs.v 1 $JS.ACK.LOGS.CV.3.59.8.1795971592879267766.0 3\r\nm59\r\n";
+    assert_eq!(to_client(&h.upstream(1, nak)), nak.to_vec());
+}

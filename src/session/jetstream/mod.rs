@@ -7,8 +7,10 @@
 //! carry the inbox subscription's sid; statuses are header-only messages to the reply.
 //! The proxy tracks every request per inbox, hides the statuses that only say the
 //! consumer moved or is away, places lost requests again, and keeps the client's
-//! heartbeat monitor fed while the consumer is away.
+//! heartbeat monitor fed while the consumer is away; it also remembers the client's acks
+//! ([`acks`]) so that a redelivery of an acked message is acked again, not delivered.
 
+pub mod acks;
 pub mod request;
 pub mod tracker;
 
