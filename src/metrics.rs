@@ -76,6 +76,9 @@ pub struct Stats {
     pub ready: Gauge,
     /// Longest lame-duck-INFO-to-switch time seen, in microseconds.
     pub max_switch_us: AtomicU64,
+    /// The last [`RECENT_SWITCHES`] trigger-to-switch times (for percentiles in tests
+    /// and benchmarks; the histogram above is what /metrics serves).
+    pub recent_switches: std::sync::Mutex<std::collections::VecDeque<std::time::Duration>>,
     /// Largest write buffer toward a client at the moment it was closed as a slow
     /// consumer (bytes): the bound plus at most one read's worth.
     pub max_slow_consumer_pending: AtomicU64,
@@ -92,6 +95,21 @@ pub struct Hot {
     pub bytes_to_upstream: Counter,
     /// client_out, upstream_out, backlog, hold (as `BUFFERS`).
     pub buffers: [Gauge; 4],
+}
+
+/// Bound of [`Stats::recent_switches`]; past it the oldest is dropped.
+pub const RECENT_SWITCHES: usize = 4096;
+
+impl Stats {
+    /// Records one migration's trigger-to-switch time.
+    pub fn record_switch(&self, took: std::time::Duration) {
+        if let Ok(mut r) = self.recent_switches.lock() {
+            if r.len() >= RECENT_SWITCHES {
+                r.pop_front();
+            }
+            r.push_back(took);
+        }
+    }
 }
 
 /// The `buffer` label values, in the order of [`Hot::buffers`].
@@ -158,6 +176,7 @@ impl Stats {
             sessions_with_upstream: Gauge::default(),
             ready: Gauge::default(),
             max_switch_us: AtomicU64::new(0),
+            recent_switches: Default::default(),
             max_slow_consumer_pending: AtomicU64::new(0),
             registry: Registry::default(),
         };

@@ -301,6 +301,7 @@ impl Driver<'_> {
                     st.migration_seconds
                         .get_or_create(&l)
                         .observe(took.as_secs_f64());
+                    st.record_switch(took);
                 }
                 SessionEvent::Rtt(d) => st.upstream_rtt_seconds.observe(d.as_secs_f64()),
             }

@@ -10,9 +10,17 @@
 //! and then the rest of B's: every message once, in publish order. JetStream deliveries
 //! carry a unique `$JS.ACK…` reply, so for them the match is exact.
 //!
+//! A's deliveries are remembered from the moment the migration starts (A's lame-duck
+//! INFO is read), while B is still being dialled, not only from when B's SUBs are
+//! written: B's node may receive the subject already for other connections (the other
+//! clients of this proxy, migrating at the same moment, or anyone else), so B's window
+//! can begin with a message that A delivered just before B's SUB was written, when the
+//! route to B's node was slower than the proxy (seen with 300 clients migrating at once:
+//! 130 to 396 of 1,800,000 messages twice, each one published a few hundred ms before
+//! its second copy).
+//!
 //! Identical messages (same subject, headers and payload) make the match ambiguous. A's
-//! deliveries are remembered from the moment B's SUBs are written (nothing A delivered
-//! before can be in B's window) and split at the moment B's replay PONG is read into
+//! deliveries are split at the moment B's replay PONG is read into
 //! *early* and *late*. B's window normally starts after the PONG, but not always: under
 //! load A's socket can be read before B's PONG although B's first messages are already
 //! on their way (seen in CI: 20 of 21,340 duplicated when early entries were ignored).
@@ -114,7 +122,9 @@ struct Held<T> {
 /// Overlap de-duplication between an old and a new link; `T` is the message.
 pub struct Dedup<T> {
     old: Epoch,
-    new: Epoch,
+    /// None while the new link is being brought up: the old link's deliveries are
+    /// already remembered (see the module doc).
+    new: Option<Epoch>,
     seen_old: HashMap<Bytes, OldSeen>,
     seen_new: Multiset,
     own: Multiset,
@@ -139,9 +149,17 @@ pub struct Dedup<T> {
 impl<T> Dedup<T> {
     /// Starts an overlap between `old` and `new`.
     pub fn new(old: Epoch, new: Epoch, max_entries: usize, max_hold_bytes: usize) -> Dedup<T> {
+        let mut d = Dedup::recording(old, max_entries, max_hold_bytes);
+        d.new = Some(new);
+        d
+    }
+
+    /// Starts remembering what `old` delivers before the new link exists (the old node
+    /// announced lame duck mode; the new link is being dialled).
+    pub fn recording(old: Epoch, max_entries: usize, max_hold_bytes: usize) -> Dedup<T> {
         Dedup {
             old,
-            new,
+            new: None,
             seen_old: HashMap::new(),
             seen_new: Multiset::new(),
             own: Multiset::new(),
@@ -161,7 +179,40 @@ impl<T> Dedup<T> {
 
     /// True if `epoch` is one of the two links of this overlap.
     pub fn covers(&self, epoch: Epoch) -> bool {
-        epoch == self.old || epoch == self.new
+        epoch == self.old || Some(epoch) == self.new
+    }
+
+    /// Whether this remembers what `old` delivers for a new link not attached yet, or
+    /// not attached any more.
+    pub fn awaits_new_link(&self, old: Epoch) -> bool {
+        self.is_overlap_from(old) && self.new.is_none()
+    }
+
+    /// Whether this is the overlap of a migration away from `old` that is still going
+    /// on (the old link has not finished delivering).
+    pub fn is_overlap_from(&self, old: Epoch) -> bool {
+        self.old == old && !self.old_done
+    }
+
+    /// The new link's SUBs are written: its messages are held from now on.
+    pub fn attach(&mut self, new: Epoch) {
+        self.new = Some(new);
+    }
+
+    /// The new link is gone before the switch (it failed, or announced lame duck
+    /// mode): what it delivered is dropped (the old link still delivers everything),
+    /// what the old link delivered stays remembered for the next one.
+    pub fn detach(&mut self) {
+        self.new = None;
+        self.held.clear();
+        self.held_bytes = 0;
+        self.entries -= count(&self.seen_new);
+        self.seen_new.clear();
+        self.recording = false;
+        for o in self.seen_old.values_mut() {
+            o.early.extend(o.late.drain());
+            o.early_closed = false;
+        }
     }
 
     fn remember(&mut self, new_side: bool, sid: &[u8], fp: u64) {
@@ -314,6 +365,50 @@ impl<T> Dedup<T> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn what_the_old_link_delivered_while_the_new_one_was_dialled_is_matched() {
+        // 300 clients migrating at once: B's node already receives the subject for
+        // others, so B's window begins with m1, which A delivered before B existed.
+        let mut d: Dedup<u32> = Dedup::recording(A, 100, 100);
+        assert!(d.covers(A) && !d.covers(B) && d.awaits_new_link(A));
+        for m in 1..=3 {
+            d.on_message(A, b"1", m, 1, m as u32);
+        }
+        d.attach(B);
+        d.start_recording();
+        for m in 1..=5 {
+            d.on_message(B, b"1", m, 1, 100 + m as u32);
+        }
+        d.old_finished();
+        let out: Vec<u32> = std::iter::from_fn(|| d.pop_ready()).collect();
+        assert_eq!(out, [1, 2, 3, 104, 105]);
+        assert_eq!(d.suppressed, 3);
+    }
+
+    #[test]
+    fn a_new_link_lost_before_the_switch_leaves_the_memory_for_the_next_one() {
+        let mut d: Dedup<u32> = Dedup::recording(A, 100, 100);
+        d.on_message(A, b"1", 1, 1, 1);
+        d.attach(B);
+        d.start_recording();
+        d.on_message(A, b"1", 2, 1, 2);
+        d.on_message(B, b"1", 2, 1, 102);
+        d.detach();
+        assert!(d.awaits_new_link(A) && d.held_bytes() == 0);
+        const C: Epoch = Epoch(3);
+        d.attach(C);
+        d.on_message(C, b"1", 1, 1, 201);
+        d.on_message(C, b"1", 2, 1, 202);
+        d.on_message(C, b"1", 3, 1, 203);
+        d.old_finished();
+        let out: Vec<u32> = std::iter::from_fn(|| d.pop_ready()).collect();
+        assert_eq!(
+            out,
+            [1, 2, 203],
+            "B's copy is dropped with B; C's overlap matched"
+        );
+    }
 
     #[test]
     fn identical_messages_the_old_link_delivered_before_the_new_subscription_are_not_matched() {

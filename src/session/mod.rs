@@ -1049,14 +1049,20 @@ impl Session {
                 Some(p) => {
                     // Make-before-break: both links deliver from now on.
                     let old = p.epoch;
-                    // A lingering previous overlap ends here; keep its counts.
-                    self.take_dedup_stats();
-                    self.dedup = Some(Dedup::new(
-                        old,
-                        epoch,
-                        self.cfg.max_dedup_entries,
-                        self.cfg.max_hold_bytes,
-                    ));
+                    match &mut self.dedup {
+                        // Remembering the old link's deliveries since its lame duck.
+                        Some(d) if d.awaits_new_link(old) => d.attach(epoch),
+                        _ => {
+                            // A lingering previous overlap ends here; keep its counts.
+                            self.take_dedup_stats();
+                            self.dedup = Some(Dedup::new(
+                                old,
+                                epoch,
+                                self.cfg.max_dedup_entries,
+                                self.cfg.max_hold_bytes,
+                            ));
+                        }
+                    }
                     self.linger_until = None;
                 }
                 None => self.promote_standby(),
@@ -1090,6 +1096,7 @@ impl Session {
         let now = self.now;
         let Some(l) = self.link(role) else { return };
         let addr = l.addr.clone();
+        let link_epoch = l.epoch;
         info!(upstream = %addr, server = %l.server_name(), "upstream entered lame duck mode");
         self.pool.mark_ldm(&addr, now);
         match role {
@@ -1099,6 +1106,15 @@ impl Session {
                     started: now,
                     from: addr,
                 });
+                if self.dedup.is_none() {
+                    // The overlap's memory starts now (see `dedup`: the new node may
+                    // already receive these subjects for other connections).
+                    self.dedup = Some(Dedup::recording(
+                        link_epoch,
+                        self.cfg.max_dedup_entries,
+                        self.cfg.max_hold_bytes,
+                    ));
+                }
                 self.start_dial();
             }
             // Already moving; a new migration starts when this one completes.
@@ -1108,7 +1124,7 @@ impl Session {
                 if let Some(s) = self.standby.take() {
                     self.actions.push_back(Action::CloseUpstream(s.epoch));
                 }
-                self.take_dedup_stats();
+                self.standby_gone();
                 self.start_dial();
             }
             Role::Retiring => {}
@@ -1231,6 +1247,16 @@ impl Session {
         }
     }
 
+    /// The standby is gone before the switch: the overlap's memory of the primary's
+    /// deliveries is kept for the next standby, what the standby delivered is dropped.
+    fn standby_gone(&mut self) {
+        let primary = self.primary.as_ref().map(|p| p.epoch);
+        match (&mut self.dedup, primary) {
+            (Some(d), Some(p)) if d.is_overlap_from(p) => d.detach(),
+            _ => self.take_dedup_stats(),
+        }
+    }
+
     fn take_dedup_stats(&mut self) {
         if let Some(d) = self.dedup.take() {
             self.stats.duplicates_suppressed += d.suppressed;
@@ -1321,7 +1347,7 @@ impl Session {
                     return self.start_dial();
                 }
                 debug!(upstream = %l.addr, %reason, "standby upstream failed");
-                self.take_dedup_stats();
+                self.standby_gone();
                 self.schedule_dial();
             }
             Role::Retiring => {

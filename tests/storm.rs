@@ -1,0 +1,236 @@
+//! A migration storm: hundreds of clients behind one natsproxy move at once when their
+//! node goes lame duck, and every core message still arrives exactly once, in order.
+//!
+//! 300 async-nats clients with 6 subscriptions each, all on n1 (the proxy's only
+//! configured upstream; it learns n2 and n3 from INFO). A publisher on a 4th node that
+//! never restarts sends numbered messages round-robin over the 6 subjects; n1 goes lame
+//! duck halfway through. `NATSPROXY_STORM_CLIENTS` changes the count (the 1,000-client
+//! figures in BENCHMARKS.md come from it).
+
+mod common;
+use common::cluster::{Cluster, ClusterOpts};
+use common::*;
+
+use futures::StreamExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const SUBJECTS: usize = 6;
+
+/// What one client saw: per subject, the numbers in arrival order.
+type Seen = Vec<Vec<u32>>;
+
+async fn spawn_client(
+    url: String,
+    i: usize,
+    received: Arc<AtomicU64>,
+    ready: Arc<AtomicU64>,
+) -> (tokio::task::JoinHandle<Seen>, async_nats::Client) {
+    let c = async_nats::ConnectOptions::new()
+        .name(format!("storm-{i}"))
+        .connect(url)
+        .await
+        .unwrap();
+    let mut subs = Vec::new();
+    for k in 0..SUBJECTS {
+        subs.push(c.subscribe(format!("storm.{k}")).await.unwrap());
+    }
+    c.flush().await.unwrap();
+    let task = tokio::spawn(async move {
+        let mut streams = futures::stream::select_all(
+            subs.into_iter()
+                .enumerate()
+                .map(|(k, s)| s.map(move |m| (k, m)).boxed()),
+        );
+        let mut seen: Seen = vec![Vec::new(); SUBJECTS];
+        let mut probed = [false; SUBJECTS];
+        while let Some((k, m)) = streams.next().await {
+            if &m.payload[..] == b"p" {
+                if !probed[k] {
+                    probed[k] = true;
+                    if probed.iter().all(|p| *p) {
+                        ready.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                continue;
+            }
+            let n: u32 = std::str::from_utf8(&m.payload)
+                .unwrap_or("")
+                .parse()
+                .unwrap_or(0);
+            if n == 0 {
+                break; // the end marker
+            }
+            seen[k].push(n);
+            received.fetch_add(1, Ordering::Relaxed);
+        }
+        seen
+    });
+    (task, c)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundreds_of_clients_migrating_at_once_get_every_message_once() {
+    init_logs();
+    let clients: usize = std::env::var("NATSPROXY_STORM_CLIENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    const N: u32 = 6000;
+    let cluster = Cluster::start(ClusterOpts {
+        nodes: 3,
+        jetstream: false,
+        publisher_node: true,
+    })
+    .await;
+    let proxy = TestProxy::start(&[cluster.nodes[0].url()]).await;
+    let received = Arc::new(AtomicU64::new(0));
+    let ready = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    let mut conns = Vec::new();
+    for i in 0..clients {
+        let (t, c) = spawn_client(proxy.url(), i, received.clone(), ready.clone()).await;
+        tasks.push(t);
+        conns.push(c);
+    }
+    // Every subscription is registered on n1 and its interest reached the publisher's
+    // node: probes ("p") on every subject until every client saw one on each.
+    let pubc = async_nats::connect(cluster.publisher.as_ref().unwrap().url())
+        .await
+        .unwrap();
+    within(
+        Duration::from_secs(30),
+        "interest on the publisher node",
+        async {
+            while ready.load(Ordering::Relaxed) < clients as u64 {
+                for k in 0..SUBJECTS {
+                    pubc.publish(format!("storm.{k}"), "p".into())
+                        .await
+                        .unwrap();
+                }
+                pubc.flush().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        },
+    )
+    .await;
+    let start = Instant::now();
+    let publisher = {
+        let pubc = pubc.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / 500));
+            for n in 1..=N {
+                tick.tick().await;
+                let k = n as usize % SUBJECTS;
+                pubc.publish(format!("storm.{k}"), n.to_string().into())
+                    .await
+                    .unwrap();
+            }
+            pubc.flush().await.unwrap();
+        })
+    };
+    // Halfway: n1 goes lame duck; all clients move.
+    within(Duration::from_secs(60), "half the messages", async {
+        while received.load(Ordering::Relaxed) < (clients as u64) * u64::from(N) / 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    cluster.lame_duck(0);
+    publisher.await.unwrap();
+    let expect = clients as u64 * u64::from(N);
+    within(
+        Duration::from_secs(120),
+        "every message at every client",
+        async {
+            while received.load(Ordering::Relaxed) < expect {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        },
+    )
+    .await;
+    // Anything extra (a duplicate) would have arrived by now, behind a round trip.
+    for c in &conns {
+        c.flush().await.unwrap();
+    }
+    pubc.flush().await.unwrap();
+    for k in 0..SUBJECTS {
+        pubc.publish(format!("storm.{k}"), "0".into())
+            .await
+            .unwrap();
+    }
+    pubc.flush().await.unwrap();
+    let mut dups = 0usize;
+    let mut missing = 0usize;
+    let mut disorder = 0usize;
+    for t in tasks {
+        let seen = within(Duration::from_secs(30), "client end", t)
+            .await
+            .unwrap();
+        for (k, got) in seen.iter().enumerate() {
+            let want: Vec<u32> = (1..=N).filter(|n| *n as usize % SUBJECTS == k).collect();
+            let mut sorted = got.clone();
+            sorted.sort_unstable();
+            disorder += usize::from(sorted != *got);
+            if sorted != *got && disorder <= 5 {
+                let at = got.windows(2).position(|w| w[1] <= w[0]).unwrap_or(0);
+                let lo = at.saturating_sub(8);
+                eprintln!(
+                    "subject {k}: out of order at {at}: {:?}",
+                    &got[lo..(at + 8).min(got.len())]
+                );
+            }
+            let before = sorted.len();
+            sorted.dedup();
+            dups += before - sorted.len();
+            missing += want.len() - sorted.len().min(want.len());
+        }
+    }
+    let mut switches: Vec<Duration> = proxy
+        .stats
+        .recent_switches
+        .lock()
+        .unwrap()
+        .iter()
+        .copied()
+        .collect();
+    switches.sort_unstable();
+    let rss_kib = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
+        .unwrap_or_default();
+    eprintln!(
+        "storm: {clients} clients x {SUBJECTS} subs, {N} published, {} received in {:.1} s; \
+         dups {dups}, missing {missing}, out of order {disorder}; {} migrations, switch p50 {:?} \
+         p99 {:?} max {:?}; failovers {}; duplicates suppressed {}; peak RSS of the test \
+         process (proxy + clients) {rss_kib} KiB",
+        received.load(Ordering::Relaxed),
+        start.elapsed().as_secs_f64(),
+        switches.len(),
+        percentile(&switches, 0.5),
+        percentile(&switches, 0.99),
+        switches.last().copied().unwrap_or_default(),
+        proxy.stats.failovers.get(),
+        proxy.stats.duplicates_suppressed.get(),
+    );
+    assert_eq!(
+        (dups, missing, disorder),
+        (0, 0, 0),
+        "every message once, in order"
+    );
+    assert_eq!(switches.len(), clients, "every client migrated");
+    assert_eq!(proxy.stats.failovers.get(), 0);
+    drop(conns);
+    proxy.stop().await;
+}
