@@ -983,7 +983,18 @@ impl Session {
         if newly_ldm {
             l.ldm = true;
         }
+        // A node (re)joined the cluster: a consumer that was away may be back.
+        let grew = l.info.as_ref().is_some_and(|o| {
+            info.connect_urls
+                .iter()
+                .any(|u| !o.connect_urls.contains(u))
+        });
         let old = l.info.replace(info);
+        if grew && role == Role::Primary && !self.pulls.is_empty() {
+            self.pulls.consumer_may_be_back(self.now);
+            self.reissue_due_pulls();
+        }
+        let Some(l) = self.link_mut(role) else { return };
         if let (Some(old), Some(new)) = (old, l.info.as_mut()) {
             // Async INFOs keep the identity of the first.
             if new.server_name.is_empty() {

@@ -627,3 +627,68 @@ fn a_redelivery_of_an_acked_message_is_acked_again_not_delivered() {
     let nak = b"MSG logs.v 1 $JS.ACK.LOGS.CV.3.59.8.1795971592879267766.0 3\r\nm59\r\n";
     assert_eq!(to_client(&h.upstream(1, nak)), nak.to_vec());
 }
+
+#[test]
+fn pull_statuses_through_the_session_shielded_or_passed_by_class() {
+    let pull = b"PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.CV _INBOX.v 41\r\n{\"batch\":200,\"expires\":30000000000,\"x\":1}\r\n";
+    let status = |line: &str| {
+        let h = format!("NATS/1.0 {line}\r\n\r\n");
+        format!("HMSG _INBOX.v 1 {0} {0}\r\n{h}\r\n", h.len()).into_bytes()
+    };
+    for (line, shielded) in [
+        ("409 Leadership Change", true),
+        ("409 Server Shutdown", true),
+        ("503", true),
+        ("408 Request Timeout", false),
+        ("409 Consumer Deleted", false),
+        ("409 Exceeded MaxWaiting", false),
+        ("400 Bad Request", false),
+    ] {
+        let mut h = H::connected();
+        h.client(b"SUB _INBOX.v 1\r\n");
+        h.client(pull);
+        let mut a = h.upstream(1, &status(line));
+        h.s.handle_timeout(h.now);
+        a.extend(h.actions());
+        let got = to_client(&a);
+        assert_eq!(
+            got.is_empty(),
+            shielded,
+            "{line}: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        if shielded && line.starts_with("409") {
+            // Placed again at once, as a probe with the remaining batch.
+            let up = String::from_utf8(to_upstream(&a)).unwrap();
+            assert!(
+                up.contains("PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.CV _INBOX.v ")
+                    && up.contains("\"batch\":200")
+                    && up.contains("\"expires\":400000000"),
+                "{line}: {up}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_short_pull_lost_without_a_status_is_placed_again_before_it_expires() {
+    let mut h = H::connected();
+    h.client(b"SUB _INBOX.v 1\r\n");
+    h.client(b"PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.CV _INBOX.v 32\r\n{\"batch\":10,\"expires\":990000000}\r\n");
+    let t0 = h.now;
+    let mut placed = None;
+    while let Some(at) =
+        h.s.poll_timeout()
+            .filter(|&at| at < t0 + Duration::from_millis(990))
+    {
+        h.now = at;
+        h.s.handle_timeout(at);
+        let up = String::from_utf8(to_upstream(&h.actions())).unwrap();
+        if up.contains("CONSUMER.MSG.NEXT") {
+            placed = Some(at - t0);
+            break;
+        }
+    }
+    let placed = placed.expect("placed again before the client's 990 ms ran out");
+    assert!(placed <= Duration::from_millis(600), "{placed:?}");
+}

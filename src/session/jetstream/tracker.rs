@@ -448,6 +448,24 @@ impl PullTracker {
         }
     }
 
+    /// A sign that a consumer away may be back (a node joined the cluster): requests
+    /// waiting for their next probe are probed now (still one probe per inbox).
+    pub fn consumer_may_be_back(&mut self, now: Instant) {
+        for r in self
+            .inboxes
+            .values_mut()
+            .flat_map(|i| i.requests.iter_mut())
+        {
+            if let Phase::Unplaced {
+                at,
+                next: Placement::Probe,
+            } = &mut r.phase
+            {
+                *at = (*at).min(now);
+            }
+        }
+    }
+
     /// The client unsubscribed `sid`: its requests can no longer be served.
     pub fn unsubscribed(&mut self, sid: &[u8]) {
         self.inboxes.remove(sid);
