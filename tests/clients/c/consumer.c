@@ -1,9 +1,11 @@
-/* A JetStream pull consumer written as a cnats 3.4 user writes one: js_PullSubscribe
- * bound to a durable, natsSubscription_Fetch(batch, 1 s) in a loop, natsMsg_Ack each
- * message. Any disconnect, reconnect or library error (other than a Fetch that found
- * nothing in time) is counted and fails the run.
+/* A consumer written as a cnats 3.4 user writes one. js mode: js_PullSubscribe bound
+ * to a durable, natsSubscription_Fetch(batch, 1 s) in a loop, natsMsg_Ack each
+ * message. core mode: a synchronous subscription. Any disconnect, reconnect or library
+ * error (other than a Fetch that found nothing in time) is counted and fails the run.
+ * Payloads are numbers 1..EXPECT; "p" is a probe (answered with PROBED, once).
  *
- * usage: consumer URL STREAM CONSUMER EXPECT DEADLINE_SECS
+ * usage: consumer js URL STREAM CONSUMER EXPECT DEADLINE_SECS
+ *        consumer core URL SUBJECT - EXPECT DEADLINE_SECS
  * prints: RESULT received=N dups=N errors=N disconnects=N max_gap_ms=N resume_unix_ms=N */
 #include <nats/nats.h>
 #include <stdio.h>
@@ -31,14 +33,52 @@ static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus s, vo
     fprintf(stderr, "ERROR async: %s\n", natsStatus_GetText(s));
 }
 
+static int expect, received, dups, errors, probed;
+static char *seen;
+static char **first_reply;
+static int64_t last, max_gap, resume;
+
+static void record(natsMsg *m) {
+    char buf[32] = {0};
+    int len = natsMsg_GetDataLength(m);
+    memcpy(buf, natsMsg_GetData(m), len < 31 ? len : 31);
+    if (strcmp(buf, "p") == 0) {
+        if (!probed) {
+            probed = 1;
+            printf("PROBED\n");
+            fflush(stdout);
+        }
+        return;
+    }
+    int64_t now = nats_Now();
+    if (received > 0 && now - last > max_gap) {
+        max_gap = now - last;
+        resume = now;
+    }
+    last = now;
+    int n = atoi(buf);
+    if (n >= 1 && n <= expect) {
+        const char *reply = natsMsg_GetReply(m) ? natsMsg_GetReply(m) : "";
+        if (seen[n]) {
+            dups++;
+            fprintf(stderr, "DUP %d first=%s again=%s\n", n, first_reply[n] ? first_reply[n] : "", reply);
+        } else {
+            first_reply[n] = strdup(reply);
+            received++;
+        }
+        seen[n] = 1;
+    }
+}
+
 int main(int argc, char **argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: consumer URL STREAM CONSUMER EXPECT DEADLINE_SECS\n");
+    if (argc != 7) {
+        fprintf(stderr, "usage: consumer js|core URL STREAM|SUBJECT CONSUMER|- EXPECT DEADLINE_SECS\n");
         return 2;
     }
-    const char *url = argv[1], *stream = argv[2], *durable = argv[3];
-    int expect = atoi(argv[4]);
-    int64_t deadline = nats_Now() + (int64_t)atoi(argv[5]) * 1000;
+    int core = strcmp(argv[1], "core") == 0;
+    const char *url = argv[2], *stream = argv[3], *durable = argv[4];
+    expect = atoi(argv[5]);
+    int64_t deadline = nats_Now() + (int64_t)atoi(argv[6]) * 1000;
     natsOptions *opts = NULL;
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
@@ -52,12 +92,17 @@ int main(int argc, char **argv) {
     if (s == NATS_OK) s = natsOptions_SetReconnectedCB(opts, on_reconnect, NULL);
     if (s == NATS_OK) s = natsOptions_SetErrorHandler(opts, on_error, NULL);
     if (s == NATS_OK) s = natsConnection_Connect(&nc, opts);
-    if (s == NATS_OK) s = natsConnection_JetStream(&js, nc, NULL);
-    if (s == NATS_OK) s = jsSubOptions_Init(&so);
-    if (s == NATS_OK) {
-        so.Stream = stream;
-        so.Consumer = durable;
-        s = js_PullSubscribe(&sub, js, "", durable, NULL, &so, &jerr);
+    if (core) {
+        if (s == NATS_OK) s = natsConnection_SubscribeSync(&sub, nc, stream);
+        if (s == NATS_OK) s = natsConnection_Flush(nc);
+    } else {
+        if (s == NATS_OK) s = natsConnection_JetStream(&js, nc, NULL);
+        if (s == NATS_OK) s = jsSubOptions_Init(&so);
+        if (s == NATS_OK) {
+            so.Stream = stream;
+            so.Consumer = durable;
+            s = js_PullSubscribe(&sub, js, "", durable, NULL, &so, &jerr);
+        }
     }
     if (s != NATS_OK) {
         fprintf(stderr, "ERROR setup: %s (%d)\n", natsStatus_GetText(s), (int)jerr);
@@ -65,10 +110,24 @@ int main(int argc, char **argv) {
     }
     printf("READY\n");
     fflush(stdout);
-    char *seen = calloc((size_t)expect + 1, 1);
-    int received = 0, dups = 0, errors = 0;
-    int64_t last = nats_Now(), max_gap = 0, resume = 0;
+    seen = calloc((size_t)expect + 1, 1);
+    first_reply = calloc((size_t)expect + 1, sizeof(char *));
+    last = nats_Now();
     while (received < expect && nats_Now() < deadline) {
+        if (core) {
+            natsMsg *m = NULL;
+            s = natsSubscription_NextMsg(&m, sub, 1000);
+            if (s == NATS_TIMEOUT)
+                continue;
+            if (s != NATS_OK) {
+                errors++;
+                fprintf(stderr, "ERROR next: %s\n", natsStatus_GetText(s));
+                continue;
+            }
+            record(m);
+            natsMsg_Destroy(m);
+            continue;
+        }
         natsMsgList list = {0};
         s = natsSubscription_Fetch(&list, sub, 64, 1000, &jerr);
         if (s != NATS_OK && s != NATS_TIMEOUT) {
@@ -77,23 +136,8 @@ int main(int argc, char **argv) {
                     nats_GetLastError(NULL) ? nats_GetLastError(NULL) : "");
         }
         for (int i = 0; i < list.Count; i++) {
-            natsMsg *m = list.Msgs[i];
-            int64_t now = nats_Now();
-            if (now - last > max_gap) {
-                max_gap = now - last;
-                resume = now;
-            }
-            last = now;
-            char buf[32] = {0};
-            int len = natsMsg_GetDataLength(m);
-            memcpy(buf, natsMsg_GetData(m), len < 31 ? len : 31);
-            int n = atoi(buf);
-            if (n >= 1 && n <= expect) {
-                if (seen[n]) dups++;
-                else received++;
-                seen[n] = 1;
-            }
-            if (natsMsg_Ack(m, NULL) != NATS_OK) {
+            record(list.Msgs[i]);
+            if (natsMsg_Ack(list.Msgs[i], NULL) != NATS_OK) {
                 errors++;
                 fprintf(stderr, "ERROR ack\n");
             }

@@ -1,12 +1,15 @@
-// A JetStream pull consumer written as a nats.js user writes one: consumers.get() and
-// consume({max_messages: 256, expires: 5000}), ack each message. v3 (@nats-io/jetstream
-// with @nats-io/transport-node) or v2 (nats), chosen by the first argument. Any
-// disconnect, reconnect or consumer status that reports trouble (heartbeats_missed,
-// no_responders, consumer_not_found, ...) is counted and fails the run.
+// A consumer written as a nats.js user writes one. js mode: consumers.get() and
+// consume({max_messages: 256, expires: 5000}), ack each message; core mode: a plain
+// subscription. v3 (@nats-io/jetstream with @nats-io/transport-node) or v2 (nats),
+// chosen by the first argument. Any disconnect, reconnect or consumer status that
+// reports trouble (heartbeats_missed, no_responders, consumer_not_found, ...) is
+// counted and fails the run. Payloads are numbers 1..EXPECT; "p" is a probe (answered
+// with PROBED, once).
 //
-// usage: node consumer.mjs v3|v2 URL STREAM CONSUMER EXPECT DEADLINE_SECS
+// usage: node consumer.mjs v3|v2 js URL STREAM CONSUMER EXPECT DEADLINE_SECS
+//        node consumer.mjs v3|v2 core URL SUBJECT - EXPECT DEADLINE_SECS
 // prints: RESULT received=N dups=N errors=N disconnects=N max_gap_ms=N resume_unix_ms=N
-const [flavour, url, stream, durable, expectS, secsS] = process.argv.slice(2);
+const [flavour, mode, url, stream, durable, expectS, secsS] = process.argv.slice(2);
 const expect = Number(expectS);
 const deadline = Date.now() + Number(secsS) * 1000;
 
@@ -26,6 +29,7 @@ const TROUBLE = new Set([
 ]);
 let errors = 0, disconnects = 0, dups = 0, maxGap = 0, resume = 0;
 const seen = new Set();
+const firstReply = new Map();
 
 const nc = await connect({ servers: url, name: `js-${flavour}-${durable}`, maxReconnectAttempts: -1 });
 (async () => {
@@ -39,34 +43,54 @@ const nc = await connect({ servers: url, name: `js-${flavour}-${durable}`, maxRe
     }
   }
 })();
-const js = jetstream(nc);
-const consumer = await js.consumers.get(stream, durable);
-const iter = await consumer.consume({ max_messages: 256, expires: 5000 });
-(async () => {
-  for await (const s of await iter.status()) {
-    if (TROUBLE.has(s.type)) {
-      errors++;
-      console.error(`ERROR consumer status ${JSON.stringify(s)}`);
+let iter;
+if (mode === "core") {
+  iter = nc.subscribe(stream);
+  await nc.flush();
+} else {
+  const js = jetstream(nc);
+  const consumer = await js.consumers.get(stream, durable);
+  iter = await consumer.consume({ max_messages: 256, expires: 5000 });
+  (async () => {
+    for await (const s of await iter.status()) {
+      if (TROUBLE.has(s.type)) {
+        errors++;
+        console.error(`ERROR consumer status ${JSON.stringify(s)}`);
+      }
     }
-  }
-})();
+  })();
+}
 console.log("READY");
 
 let last = Date.now();
+let probed = false;
 const timer = setInterval(() => {
-  if (Date.now() > deadline) iter.stop();
+  if (Date.now() > deadline) (iter.stop ?? iter.unsubscribe).call(iter);
 }, 200);
 for await (const m of iter) {
+  const text = new TextDecoder().decode(m.data);
+  if (text === "p") {
+    if (!probed) {
+      probed = true;
+      console.log("PROBED");
+    }
+    continue;
+  }
   const now = Date.now();
-  if (now - last > maxGap) {
+  if (seen.size > 0 && now - last > maxGap) {
     maxGap = now - last;
     resume = now;
   }
   last = now;
-  const n = Number(new TextDecoder().decode(m.data));
-  if (seen.has(n)) dups++;
+  const n = Number(text);
+  if (seen.has(n)) {
+    dups++;
+    console.error(`DUP ${n} first=${firstReply.get(n)} again=${m.reply ?? ""}`);
+  } else {
+    firstReply.set(n, m.reply ?? "");
+  }
   seen.add(n);
-  m.ack();
+  if (mode !== "core") m.ack();
   if (seen.size >= expect) break;
 }
 clearInterval(timer);
