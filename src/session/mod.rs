@@ -64,7 +64,7 @@ use crate::proto::{
 };
 pub use action::{Action, CloseReason, Epoch};
 use dedup::Dedup;
-use jetstream::acks::{self, AckMemory};
+use jetstream::acks::AckMemory;
 use jetstream::{PullAction, PullTracker, Shield};
 use link::{Link, LinkState, PingOwner};
 use pool::NodePool;
@@ -614,7 +614,8 @@ impl Session {
 
     fn on_pub(&mut self, m: Message) {
         self.stats.msgs_to_upstream += 1;
-        self.acks.on_client_publish(m.subject(), m.payload());
+        self.acks
+            .on_client_publish(m.subject(), m.payload(), self.now);
         if self.opts.pedantic && !subject::is_valid_literal_subject(m.subject()) {
             // nats-server complains but still processes the message.
             self.send_client(encode::err("Invalid Publish Subject"));
@@ -883,11 +884,11 @@ impl Session {
                 _ => None,
             }
             .filter(|v| {
-                // A possible redelivery of something the client acked: the full path.
+                // A delivery of something the client acked goes the full path.
                 self.acks.is_empty()
                     || !v
                         .reply
-                        .is_some_and(|r| acks::maybe_redelivery(&buf[run..][r.range()]))
+                        .is_some_and(|r| self.acks.is_acked_redelivery(&buf[run..][r.range()], now))
             });
             if let Some(v) = peeked {
                 let sid = &buf[run..][v.sid.range()];
@@ -1297,7 +1298,10 @@ impl Session {
             // The server sends no-responders statuses only to clients that asked for them.
             return;
         }
-        if let Some(reply) = m.reply().filter(|r| self.acks.is_acked_redelivery(r)) {
+        if let Some(reply) = m
+            .reply()
+            .filter(|r| self.acks.is_acked_redelivery(r, self.now))
+        {
             // The client acked this message already (the ack was lost upstream): ack it
             // again and keep the client from processing it twice.
             let ack = encode::publish(reply, None, None, b"");

@@ -1,23 +1,39 @@
 //! What the client acked, so that the server's redelivery of a message the client
 //! already processed is acked again by the proxy instead of reaching the client.
 //!
-//! An ack lost with a dying node (or in a leader change) makes the server redeliver after
-//! `ack_wait`, although the client processed the message. The proxy sees both sides:
-//! every ack is a client publish to the delivery's reply subject
+//! Two server behaviours deliver a message the client already acked:
+//! - **Redelivery**: an ack lost with a dying node (or in a leader change) makes the
+//!   server redeliver after `ack_wait`, with `<delivered>` > 1.
+//! - **Re-send by a new leader**: nats-server 2.9's new consumer leader does not always
+//!   know what the old one delivered and sends it again as the same first delivery: the
+//!   same `<delivered>` 1, stream sequence, consumer sequence and timestamp, within
+//!   seconds (seen in 3 of 4 rolling restarts, one message per consumer).
+//!
+//! The proxy sees both sides. Every ack is a client publish to the delivery's reply
+//! subject
 //!
 //! ```text
 //! $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>
 //! $JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>.<stream seq>.…[.<token>]
 //! ```
 //!
-//! with an empty payload or `+ACK` (async-nats, nats.go, cnats, nats.js, nats-py), and
-//! every redelivery carries `<delivered>` > 1 and the same stream sequence. Only explicit
-//! positive acks the client really sent are remembered (`-NAK`, `+WPI`, `+TERM`, `+NXT`
-//! are not), per consumer, the most recent [`ACKED_PER_CONSUMER`] of them, for at most
+//! with an empty payload or `+ACK` (async-nats, nats.go, cnats, nats.js, nats-py). Only
+//! explicit positive acks the client really sent are remembered (`-NAK`, `+WPI`, `+TERM`,
+//! `+NXT` are not), per consumer, the most recent [`ACKED_PER_CONSUMER`], for at most
 //! [`MAX_CONSUMERS`] consumers (past either bound the oldest is forgotten: its
-//! redelivery then reaches the client as it would without the proxy).
+//! redelivery then reaches the client as it would without the proxy). A delivery is
+//! taken for one the client acked when
+//! - `<delivered>` > 1 and the client acked that stream sequence, or
+//! - `<delivered>` = 1, and the client acked that very delivery (stream sequence,
+//!   consumer sequence and timestamp) less than [`RESEND_WINDOW`] ago.
+//!
+//! A consumer the client creates or deletes (`CONSUMER.CREATE`, `CONSUMER.DURABLE.CREATE`,
+//! `CONSUMER.DELETE`) starts with no memory: its replay is new to the client. A consumer
+//! recreated by someone else under the same name within [`RESEND_WINDOW`] of the
+//! client's acks, replaying from the same start, is what this cannot tell apart.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -25,6 +41,8 @@ use bytes::Bytes;
 pub const ACKED_PER_CONSUMER: usize = 4096;
 /// Consumers remembered per session.
 pub const MAX_CONSUMERS: usize = 64;
+/// How long after the client's ack a first delivery sent again counts as a re-send.
+pub const RESEND_WINDOW: Duration = Duration::from_secs(10);
 
 const PREFIX: &[u8] = b"$JS.ACK.";
 
@@ -35,6 +53,9 @@ pub struct AckRef<'a> {
     pub consumer: &'a [u8],
     pub delivered: u64,
     pub stream_seq: u64,
+    pub consumer_seq: u64,
+    /// The stored message's timestamp (ns).
+    pub timestamp: u64,
 }
 
 fn number(t: &[u8]) -> Option<u64> {
@@ -64,34 +85,48 @@ impl AckRef<'_> {
             consumer: &rest[..dots[key_tokens - 1]],
             delivered: number(token(key_tokens))?,
             stream_seq: number(token(key_tokens + 1))?,
+            consumer_seq: number(token(key_tokens + 2))?,
+            timestamp: number(token(key_tokens + 3))?,
         })
     }
 }
 
-/// Whether a delivery with this reply could be a redelivery (its delivered count is not
-/// `1`): the relay's fast path leaves such deliveries to the full path. Cheap: one scan
-/// to the third (v1) token; v2 replies are always left to the full path.
-pub fn maybe_redelivery(reply: &[u8]) -> bool {
-    let Some(rest) = reply.strip_prefix(PREFIX) else {
-        return false;
-    };
-    let mut it = memchr::memchr_iter(b'.', rest);
-    let (Some(_), Some(b), Some(c)) = (it.next(), it.next(), it.next()) else {
-        return false;
-    };
-    &rest[b + 1..c] != b"1"
+/// The `<stream>.<consumer>` an API subject creates or deletes, if it does:
+/// `<prefix>.CONSUMER.CREATE.<stream>.<consumer>[.<filter>…]`,
+/// `<prefix>.CONSUMER.DURABLE.CREATE.<stream>.<consumer>`,
+/// `<prefix>.CONSUMER.DELETE.<stream>.<consumer>`.
+fn managed_consumer(subject: &[u8]) -> Option<Vec<u8>> {
+    let at = memchr::memmem::find(subject, b".CONSUMER.")?;
+    let rest = &subject[at + b".CONSUMER.".len()..];
+    let rest = rest
+        .strip_prefix(b"CREATE.")
+        .or_else(|| rest.strip_prefix(b"DURABLE.CREATE."))
+        .or_else(|| rest.strip_prefix(b"DELETE."))?;
+    let mut tokens = rest.split(|&c| c == b'.');
+    let (stream, consumer) = (tokens.next()?, tokens.next()?);
+    let mut key = stream.to_vec();
+    key.push(b'.');
+    key.extend_from_slice(consumer);
+    Some(key)
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Acked {
+    consumer_seq: u64,
+    timestamp: u64,
+    at: Instant,
 }
 
 #[derive(Debug, Default)]
-struct Acked {
-    seqs: HashSet<u64>,
+struct Consumer {
+    acked: HashMap<u64, Acked>,
     order: VecDeque<u64>,
 }
 
 /// The client's acks, per consumer.
 #[derive(Debug, Default)]
 pub struct AckMemory {
-    consumers: HashMap<Bytes, Acked>,
+    consumers: HashMap<Bytes, Consumer>,
     /// Consumers in the order they were first seen (for the bound).
     order: VecDeque<Bytes>,
 }
@@ -101,9 +136,16 @@ impl AckMemory {
         self.consumers.is_empty()
     }
 
-    /// A client publish to `subject` with `payload`: remembered if it is a positive ack.
-    pub fn on_client_publish(&mut self, subject: &[u8], payload: &[u8]) {
+    /// A client publish to `subject` with `payload` at `now`: remembered if it is a
+    /// positive ack; a consumer the client creates or deletes is forgotten.
+    pub fn on_client_publish(&mut self, subject: &[u8], payload: &[u8], now: Instant) {
         if !subject.starts_with(PREFIX) {
+            if !self.consumers.is_empty() && subject.starts_with(b"$JS.") {
+                if let Some(key) = managed_consumer(subject) {
+                    self.consumers.remove(&key[..]);
+                    self.order.retain(|k| k[..] != key[..]);
+                }
+            }
             return;
         }
         let positive = payload.is_empty() || payload.trim_ascii() == b"+ACK";
@@ -118,31 +160,43 @@ impl AckMemory {
             }
             let key = Bytes::copy_from_slice(a.consumer);
             self.order.push_back(key.clone());
-            self.consumers.insert(key, Acked::default());
+            self.consumers.insert(key, Consumer::default());
         }
-        let Some(acked) = self.consumers.get_mut(a.consumer) else {
+        let Some(c) = self.consumers.get_mut(a.consumer) else {
             return;
         };
-        if acked.seqs.insert(a.stream_seq) {
-            acked.order.push_back(a.stream_seq);
-            if acked.order.len() > ACKED_PER_CONSUMER {
-                if let Some(old) = acked.order.pop_front() {
-                    acked.seqs.remove(&old);
+        let entry = Acked {
+            consumer_seq: a.consumer_seq,
+            timestamp: a.timestamp,
+            at: now,
+        };
+        if c.acked.insert(a.stream_seq, entry).is_none() {
+            c.order.push_back(a.stream_seq);
+            if c.order.len() > ACKED_PER_CONSUMER {
+                if let Some(old) = c.order.pop_front() {
+                    c.acked.remove(&old);
                 }
             }
         }
     }
 
-    /// Whether a delivery with this reply is a redelivery of a message the client acked.
-    pub fn is_acked_redelivery(&self, reply: &[u8]) -> bool {
+    /// Whether a delivery with this reply, at `now`, is one of a message the client
+    /// acked (see the module doc for the two rules).
+    pub fn is_acked_redelivery(&self, reply: &[u8], now: Instant) -> bool {
         let Some(a) = AckRef::parse(reply) else {
             return false;
         };
+        let Some(acked) = self
+            .consumers
+            .get(a.consumer)
+            .and_then(|c| c.acked.get(&a.stream_seq))
+        else {
+            return false;
+        };
         a.delivered > 1
-            && self
-                .consumers
-                .get(a.consumer)
-                .is_some_and(|c| c.seqs.contains(&a.stream_seq))
+            || (acked.consumer_seq == a.consumer_seq
+                && acked.timestamp == a.timestamp
+                && now.saturating_duration_since(acked.at) < RESEND_WINDOW)
     }
 }
 
@@ -156,9 +210,10 @@ mod tests {
     fn both_subject_forms_parse() {
         let a = AckRef::parse(V1).unwrap();
         assert_eq!(
-            (a.consumer, a.delivered, a.stream_seq),
-            (&b"LOGS.CV"[..], 1, 58)
+            (a.consumer, a.delivered, a.stream_seq, a.consumer_seq),
+            (&b"LOGS.CV"[..], 1, 58, 5)
         );
+        assert_eq!(a.timestamp, 1795971532879267765);
         let a = AckRef::parse(b"$JS.ACK.hub.ACC.LOGS.CV.3.58.5.1795.0.tok").unwrap();
         assert_eq!(
             (a.consumer, a.delivered, a.stream_seq),
@@ -167,50 +222,91 @@ mod tests {
         assert!(AckRef::parse(b"$JS.ACK.LOGS.CV.x.58.5.1.0").is_none());
         assert!(AckRef::parse(b"$JS.ACK.LOGS").is_none());
         assert!(AckRef::parse(b"_INBOX.a.b.c.d.e.f.g").is_none());
-        assert!(!maybe_redelivery(V1));
-        assert!(maybe_redelivery(
-            b"$JS.ACK.LOGS.CV.2.58.5.1795971532879267765.0"
-        ));
-        assert!(!maybe_redelivery(b"_INBOX.x"));
     }
 
     #[test]
     fn only_a_redelivery_of_what_the_client_acked_is_recognised() {
+        let now = Instant::now();
         let mut m = AckMemory::default();
-        m.on_client_publish(V1, b"");
-        m.on_client_publish(b"$JS.ACK.LOGS.CV.1.59.6.1795971532879267765.0", b"+ACK");
-        m.on_client_publish(b"$JS.ACK.LOGS.CV.1.60.7.1795971532879267765.0", b"-NAK");
-        m.on_client_publish(b"$JS.ACK.LOGS.CV.1.61.8.1795971532879267765.0", b"+WPI");
+        m.on_client_publish(V1, b"", now);
+        m.on_client_publish(
+            b"$JS.ACK.LOGS.CV.1.59.6.1795971532879267765.0",
+            b"+ACK",
+            now,
+        );
+        m.on_client_publish(
+            b"$JS.ACK.LOGS.CV.1.60.7.1795971532879267765.0",
+            b"-NAK",
+            now,
+        );
+        m.on_client_publish(
+            b"$JS.ACK.LOGS.CV.1.61.8.1795971532879267765.0",
+            b"+WPI",
+            now,
+        );
         let again = |s: u64| format!("$JS.ACK.LOGS.CV.2.{s}.9.1795971532879267799.0");
-        assert!(m.is_acked_redelivery(again(58).as_bytes()));
-        assert!(m.is_acked_redelivery(again(59).as_bytes()));
+        assert!(m.is_acked_redelivery(again(58).as_bytes(), now));
+        assert!(m.is_acked_redelivery(again(59).as_bytes(), now));
         assert!(
-            !m.is_acked_redelivery(again(60).as_bytes()),
+            !m.is_acked_redelivery(again(60).as_bytes(), now),
             "a NAK is no ack"
         );
-        assert!(!m.is_acked_redelivery(again(61).as_bytes()));
-        assert!(!m.is_acked_redelivery(V1), "a first delivery always passes");
+        assert!(!m.is_acked_redelivery(again(61).as_bytes(), now));
         assert!(
-            !m.is_acked_redelivery(b"$JS.ACK.LOGS.OTHER.2.58.9.1.0"),
+            !m.is_acked_redelivery(b"$JS.ACK.LOGS.OTHER.2.58.9.1.0", now),
             "per consumer"
         );
     }
 
     #[test]
+    fn a_first_delivery_sent_again_by_a_new_leader_is_recognised_for_a_while() {
+        let t0 = Instant::now();
+        let mut m = AckMemory::default();
+        m.on_client_publish(V1, b"", t0);
+        // The same delivery; only <pending> differs.
+        let resent = b"$JS.ACK.LOGS.CV.1.58.5.1795971532879267765.3";
+        assert!(m.is_acked_redelivery(resent, t0 + Duration::from_secs(2)));
+        assert!(!m.is_acked_redelivery(resent, t0 + RESEND_WINDOW));
+        // Another consumer sequence or message: a replay, not a re-send.
+        assert!(!m.is_acked_redelivery(b"$JS.ACK.LOGS.CV.1.58.1.1795971532879267765.0", t0));
+        assert!(!m.is_acked_redelivery(b"$JS.ACK.LOGS.CV.1.58.5.1795971532879267999.0", t0));
+    }
+
+    #[test]
+    fn a_consumer_the_client_recreates_starts_with_no_memory() {
+        let now = Instant::now();
+        let mut m = AckMemory::default();
+        m.on_client_publish(V1, b"", now);
+        let again = b"$JS.ACK.LOGS.CV.2.58.5.1795971532879267765.0";
+        assert!(m.is_acked_redelivery(again, now));
+        m.on_client_publish(b"$JS.API.CONSUMER.INFO.LOGS.CV", b"", now);
+        assert!(m.is_acked_redelivery(again, now), "INFO changes nothing");
+        m.on_client_publish(b"$JS.API.CONSUMER.DELETE.LOGS.CV", b"", now);
+        assert!(!m.is_acked_redelivery(again, now));
+        m.on_client_publish(V1, b"", now);
+        m.on_client_publish(b"$JS.hub.API.CONSUMER.CREATE.LOGS.CV.logs.>", b"{}", now);
+        assert!(!m.is_acked_redelivery(again, now));
+        m.on_client_publish(V1, b"", now);
+        m.on_client_publish(b"$JS.API.CONSUMER.DURABLE.CREATE.LOGS.CV", b"{}", now);
+        assert!(!m.is_acked_redelivery(again, now));
+    }
+
+    #[test]
     fn memory_is_bounded_per_consumer_and_in_consumers() {
+        let now = Instant::now();
         let mut m = AckMemory::default();
         for s in 1..=(ACKED_PER_CONSUMER as u64 + 10) {
-            m.on_client_publish(format!("$JS.ACK.S.C.1.{s}.{s}.0.0").as_bytes(), b"");
+            m.on_client_publish(format!("$JS.ACK.S.C.1.{s}.{s}.0.0").as_bytes(), b"", now);
         }
         assert!(
-            !m.is_acked_redelivery(b"$JS.ACK.S.C.2.1.1.0.0"),
+            !m.is_acked_redelivery(b"$JS.ACK.S.C.2.1.1.0.0", now),
             "oldest forgotten"
         );
-        assert!(m.is_acked_redelivery(b"$JS.ACK.S.C.2.4106.1.0.0"));
+        assert!(m.is_acked_redelivery(b"$JS.ACK.S.C.2.4106.1.0.0", now));
         for c in 0..=MAX_CONSUMERS {
-            m.on_client_publish(format!("$JS.ACK.S.K{c}.1.1.1.0.0").as_bytes(), b"");
+            m.on_client_publish(format!("$JS.ACK.S.K{c}.1.1.1.0.0").as_bytes(), b"", now);
         }
         assert_eq!(m.consumers.len(), MAX_CONSUMERS);
-        assert!(!m.is_acked_redelivery(b"$JS.ACK.S.C.2.4106.1.0.0"));
+        assert!(!m.is_acked_redelivery(b"$JS.ACK.S.C.2.4106.1.0.0", now));
     }
 }
