@@ -625,7 +625,10 @@ fn a_redelivery_of_an_acked_message_is_acked_again_not_delivered() {
     // nats-server 2.9's new consumer leader sends the same first delivery again.
     let resent = b"MSG logs.v 1 $JS.ACK.LOGS.CV.1.58.5.1795971532879267765.3 3\r\nm58\r\n";
     let a = h.upstream(1, resent);
-    assert!(to_client(&a).is_empty(), "a re-sent delivery the client acked");
+    assert!(
+        to_client(&a).is_empty(),
+        "a re-sent delivery the client acked"
+    );
     assert_eq!(h.s.stats().redeliveries_acked, 2);
     // A NAKed message is the client's to get again.
     h.client(b"PUB $JS.ACK.LOGS.CV.2.59.7.1795971562879267766.0 4\r\n-NAK\r\n");

@@ -11,11 +11,13 @@
 //! ([`acks`]) so that a redelivery of an acked message is acked again, not delivered.
 
 pub mod acks;
+pub mod phase;
 pub mod request;
 pub mod tracker;
 
 #[cfg(test)]
 mod tests;
 
+pub use phase::{Phase, Placement};
 pub use request::{is_pull_subject, parse_body, PullBody};
-pub use tracker::{Phase, Placement, PullAction, PullStats, PullTracker, Shield};
+pub use tracker::{PullAction, PullStats, PullTracker, Shield};

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
-use super::tracker::{PROBE_EXPIRES, PROBE_GRACE, PROBE_INTERVAL};
+use super::phase::{PROBE_EXPIRES, PROBE_GRACE, PROBE_INTERVAL};
 use super::*;
 use crate::proto::{encode, Limits, Message, ServerDecoder, ServerOp};
 

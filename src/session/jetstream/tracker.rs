@@ -1,150 +1,26 @@
-//! The pull requests of one client, per inbox subscription, and what becomes of each.
-//!
-//! ```text
-//!   client PUB ──► Live ──(credit used up, Ended status)──► gone (status relayed)
-//!                   │  ▲
-//!   ConsumerMoved,  │  │ placed Full
-//!   heartbeats      ▼  │
-//!   missed, ──► Unplaced{at, Probe|Full} ◄──(503: at + PROBE_INTERVAL)── Probing
-//!   failover        │   ▲                                                 ▲  │
-//!                   │   └──(unanswered by until + PROBE_GRACE: Probe)─────┘  │
-//!                   └──(at, upstream, no other probe on the inbox)──────────►┘
-//!                          Probing ──(answered: 408, 100 or a delivery)──► Unplaced{now, Full}
-//!   Unplaced at the client's deadline ──► 408 Request Timeout made by the proxy
-//!   Unplaced no_wait ──► 404 No Messages made by the proxy, at once
-//!   Live past deadline + LIVE_EXPIRY_GRACE without an end ──► forgotten
-//! ```
-//!
-//! - **Live**: placed upstream with the client's remaining credit and expiry, and a
-//!   heartbeat chosen by [`PullBody::upstream_heartbeat`]; two missed beats mean the
-//!   request vanished (an R1 consumer whose node went lame duck drops it silently).
-//! - **Probing**: placed with a short expiry ([`PROBE_EXPIRES`]) to learn whether the
-//!   consumer is back. Any answer from it moves the request to a full placement; no
-//!   answer at all (nats-server 2.9 never answers a pull to an unavailable consumer) or a
-//!   `503` means: not yet. At most one probe per inbox is out at a time, so credit never
-//!   doubles; probes go at most every [`PROBE_INTERVAL`] (2.15: `503` at once) or every
-//!   [`PROBE_EXPIRES`] + [`PROBE_GRACE`] (2.9: no answer), i.e. at most 2 a second per
-//!   inbox.
-//! - **Unplaced**: known not to be placed anywhere (it died with its consumer leader, or
-//!   the link that carried it failed), waiting for a link or its probe turn.
+//! The pull requests of one client, per inbox subscription: each status and delivery
+//! goes to the request it concerns ([`super::phase`] says what becomes of it), and the
+//! frames due are returned for the session to write.
 //!
 //! While a client that asked for `idle_heartbeat` sees nothing on the inbox for that
 //! long, the proxy sends it a heartbeat in the server's exact shape, so no library's
-//! heartbeat monitor fires while the consumer is away. A request that ends normally
-//! (expiry, `408`, credit used) is never placed again behind the client's back.
+//! heartbeat monitor fires while the consumer is away.
 //!
-//! Bounds: at most [`MAX_TRACKED_REQUESTS`] requests per session; past it the oldest is
-//! forgotten (it is then only relayed, not protected).
+//! Bounds: at most [`MAX_TRACKED_REQUESTS`] requests per session; past it the oldest
+//! request of one inbox is forgotten (it is then only relayed, not protected).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::phase::{place, Due, Phase, Placement, Request, PROBE_INTERVAL};
 use super::request::{self, Ask, PullBody, Sequences};
 use crate::proto::status::{PullStatus, Rejection};
 use crate::proto::Message;
 
 /// Bound of tracked requests per session.
 pub const MAX_TRACKED_REQUESTS: usize = 1024;
-/// Upstream expiry of a probe.
-pub const PROBE_EXPIRES: Duration = Duration::from_millis(400);
-/// How long after a probe's expiry its `408` may still come before it counts as unanswered.
-pub const PROBE_GRACE: Duration = Duration::from_millis(200);
-/// Wait before the next probe after a `503`.
-pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
-/// Slack on "two heartbeats missed" for timer and network jitter.
-pub const HB_SLACK: Duration = Duration::from_millis(50);
-/// How long past its deadline a placed request's `408` may come before it is forgotten.
-pub const LIVE_EXPIRY_GRACE: Duration = Duration::from_secs(1);
-
-/// The next placement of an unplaced request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Placement {
-    /// With the remaining credit and expiry: the consumer is known to answer.
-    Full,
-    /// A short probe: whether the consumer answers is unknown.
-    Probe,
-}
-
-/// Where a request stands (see the module diagram).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    Live { placed: Instant },
-    Probing { until: Instant, answered: bool },
-    Unplaced { at: Instant, next: Placement },
-}
-
-#[derive(Debug)]
-struct Request {
-    reply: Bytes,
-    api_subject: Bytes,
-    headers: Option<Bytes>,
-    body: PullBody,
-    batch_left: u64,
-    bytes_left: Option<u64>,
-    deadline: Option<Instant>,
-    /// The heartbeat of the current Live placement, if it has one.
-    hb: Option<Duration>,
-    /// The server refused our heartbeat once (`400 … heartbeat value too large`).
-    no_hb: bool,
-    /// The current placement is the client's own frame, unchanged.
-    as_sent: bool,
-    phase: Phase,
-}
-
-/// What is due for one request, and when.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Due {
-    /// Unplaced at the client's deadline: the proxy writes the server's `408`.
-    Expire,
-    /// Placed, and its end never came by the deadline + [`LIVE_EXPIRY_GRACE`]: forgotten
-    /// without a word (the client's own timer has ended it; a late status would only
-    /// confuse the client's next request on the same inbox).
-    Forget,
-    HeartbeatsMissed,
-    ProbeUnanswered,
-    Place(Placement),
-}
-
-impl Request {
-    fn placed(&self) -> bool {
-        !matches!(self.phase, Phase::Unplaced { .. })
-    }
-
-    fn remaining(&self, now: Instant) -> Option<Duration> {
-        self.deadline.map(|d| d.saturating_duration_since(now))
-    }
-
-    /// The next event of this request; `upstream`: a link can carry a placement now;
-    /// `probe_out`: another request of the inbox is probing.
-    fn due(&self, seen: Instant, upstream: bool, probe_out: bool) -> Option<(Instant, Due)> {
-        // A probe ends through `ProbeUnanswered` (then `Expire` at once, past the
-        // deadline): its 408, if the consumer is there, comes at `until`.
-        let expire = match self.phase {
-            Phase::Unplaced { .. } => self.deadline.map(|t| (t, Due::Expire)),
-            // The server answers a no_wait request at once; one without an expiry
-            // (cnats, nats.go's first Fetch request) that got no answer is gone.
-            Phase::Live { placed } => self
-                .deadline
-                .or(self.body.no_wait.then_some(placed))
-                .map(|d| (d + LIVE_EXPIRY_GRACE, Due::Forget)),
-            Phase::Probing { .. } => None,
-        };
-        let own = match self.phase {
-            Phase::Live { placed } => self
-                .hb
-                .map(|hb| (seen.max(placed) + hb * 2 + HB_SLACK, Due::HeartbeatsMissed)),
-            Phase::Probing { until, .. } => Some((until + PROBE_GRACE, Due::ProbeUnanswered)),
-            Phase::Unplaced { at, next } => {
-                let blocked = !upstream || (next == Placement::Probe && probe_out);
-                (!blocked || self.body.no_wait).then_some((at, Due::Place(next)))
-            }
-        };
-        [expire, own].into_iter().flatten().min_by_key(|(t, _)| *t)
-    }
-}
-
 #[derive(Debug)]
 struct Inbox {
     requests: VecDeque<Request>,
@@ -595,37 +471,4 @@ fn ended(inbox: &mut Inbox, i: usize, now: Instant) -> Shield {
     }
     inbox.requests.remove(i);
     Shield::Forward
-}
-
-/// Places `r` upstream now: the frame, and its new phase.
-fn place(r: &mut Request, how: Placement, now: Instant) -> Bytes {
-    let remaining = r.remaining(now);
-    let (expires, hb) = match how {
-        Placement::Probe => (
-            Some(remaining.map_or(PROBE_EXPIRES, |d| d.min(PROBE_EXPIRES))),
-            None,
-        ),
-        Placement::Full if r.no_hb => (remaining, None),
-        Placement::Full => (remaining, r.body.upstream_heartbeat(remaining)),
-    };
-    let ask = Ask {
-        batch: r.batch_left,
-        max_bytes: r.bytes_left,
-        expires,
-        idle_heartbeat: hb,
-    };
-    let frame =
-        request::encode_placement(&r.api_subject, &r.reply, r.headers.as_deref(), &r.body, ask);
-    r.as_sent = false;
-    r.phase = match how {
-        Placement::Full => {
-            r.hb = hb;
-            Phase::Live { placed: now }
-        }
-        Placement::Probe => Phase::Probing {
-            until: now + expires.unwrap_or(PROBE_EXPIRES),
-            answered: false,
-        },
-    };
-    frame
 }
