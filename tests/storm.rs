@@ -74,7 +74,7 @@ async fn spawn_client(
 
 /// The proxy under test: in process (CI), or the binary (for its own RSS).
 enum Proxy {
-    InProcess(TestProxy),
+    InProcess(Option<TestProxy>),
     Process {
         child: std::process::Child,
         port: u16,
@@ -86,7 +86,7 @@ enum Proxy {
 impl Proxy {
     async fn start(upstream: String) -> Proxy {
         if std::env::var("NATSPROXY_STORM_PROCESS").is_err() {
-            return Proxy::InProcess(TestProxy::start(&[upstream]).await);
+            return Proxy::InProcess(Some(TestProxy::start(&[upstream]).await));
         }
         let dir = TempDir::new("storm");
         let log = dir.0.join("proxy.log");
@@ -122,7 +122,7 @@ impl Proxy {
 
     fn url(&self) -> String {
         match self {
-            Proxy::InProcess(p) => p.url(),
+            Proxy::InProcess(p) => p.as_ref().map(TestProxy::url).unwrap_or_default(),
             Proxy::Process { port, .. } => format!("nats://127.0.0.1:{port}"),
         }
     }
@@ -130,7 +130,7 @@ impl Proxy {
     /// Trigger-to-switch times, sorted; failovers.
     fn switches(&self) -> (Vec<Duration>, u64) {
         let mut v: Vec<Duration> = match self {
-            Proxy::InProcess(p) => p
+            Proxy::InProcess(Some(p)) => p
                 .stats
                 .recent_switches
                 .lock()
@@ -138,6 +138,7 @@ impl Proxy {
                 .iter()
                 .copied()
                 .collect(),
+            Proxy::InProcess(None) => Vec::new(),
             Proxy::Process { log, .. } => std::fs::read_to_string(log)
                 .unwrap_or_default()
                 .lines()
@@ -148,7 +149,7 @@ impl Proxy {
         };
         v.sort_unstable();
         let failovers = match self {
-            Proxy::InProcess(p) => p.stats.failovers.get(),
+            Proxy::InProcess(p) => p.as_ref().map_or(0, |p| p.stats.failovers.get()),
             Proxy::Process { log, .. } => std::fs::read_to_string(log)
                 .unwrap_or_default()
                 .matches("failing over")
@@ -176,13 +177,22 @@ impl Proxy {
         (kib, whose)
     }
 
-    async fn stop(self) {
-        match self {
-            Proxy::InProcess(p) => p.stop().await,
-            Proxy::Process { mut child, .. } => {
-                let _ = child.kill();
-                let _ = child.wait();
+    async fn stop(mut self) {
+        if let Proxy::InProcess(p) = &mut self {
+            if let Some(p) = p.take() {
+                p.stop().await;
             }
+        }
+        // A process is stopped by Drop.
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        // Also when an assertion fails: never leave the binary running.
+        if let Proxy::Process { child, .. } = self {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }

@@ -19,7 +19,7 @@
 //!
 //! with an empty payload or `+ACK` (async-nats, nats.go, cnats, nats.js, nats-py). Only
 //! explicit positive acks the client really sent are remembered (`-NAK`, `+WPI`, `+TERM`,
-//! `+NXT` are not), per consumer, the most recent [`ACKED_PER_CONSUMER`], for at most
+//! `+NXT` are not), per consumer, the [`ACKED_PER_CONSUMER`] highest stream sequences, for at most
 //! [`MAX_CONSUMERS`] consumers (past either bound the oldest is forgotten: its
 //! redelivery then reaches the client as it would without the proxy). A delivery is
 //! taken for one the client acked when
@@ -32,7 +32,7 @@
 //! recreated by someone else under the same name within [`RESEND_WINDOW`] of the
 //! client's acks, replaying from the same start, is what this cannot tell apart.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -58,35 +58,62 @@ pub struct AckRef<'a> {
     pub timestamp: u64,
 }
 
+/// A decimal token (at most 20 digits), without going through `str`.
 fn number(t: &[u8]) -> Option<u64> {
-    if t.is_empty() || t.len() > 20 || !t.iter().all(u8::is_ascii_digit) {
+    if t.is_empty() || t.len() > 20 {
         return None;
     }
-    std::str::from_utf8(t).ok()?.parse().ok()
+    t.iter().try_fold(0u64, |n, &c| {
+        let d = c.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        n.checked_mul(10)?.checked_add(u64::from(d))
+    })
+}
+
+/// The fields of an ack subject, as slices: consumer key, delivered, stream sequence,
+/// consumer sequence, timestamp.
+type Fields<'a> = (&'a [u8], &'a [u8], &'a [u8], &'a [u8], &'a [u8]);
+
+fn fields(subject: &[u8]) -> Option<Fields<'_>> {
+    let rest = subject.strip_prefix(PREFIX)?;
+    // Dot positions, without allocating (this runs for every JetStream delivery).
+    let mut dots = [0usize; 10];
+    let mut n = 0;
+    for d in memchr::memchr_iter(b'.', rest) {
+        if n == dots.len() {
+            return None;
+        }
+        dots[n] = d;
+        n += 1;
+    }
+    // v1: 7 tokens (6 dots), the delivered count is token 2; v2: 9 or 10, token 4.
+    let k = match n {
+        6 => 2,
+        8 | 9 => 4,
+        _ => return None,
+    };
+    let token = |i: usize| &rest[dots[i - 1] + 1..dots.get(i).copied().unwrap_or(rest.len())];
+    Some((
+        &rest[..dots[k - 1]],
+        token(k),
+        token(k + 1),
+        token(k + 2),
+        token(k + 3),
+    ))
 }
 
 impl AckRef<'_> {
     /// Parses an ack subject in either form; None for anything else.
     pub fn parse(subject: &[u8]) -> Option<AckRef<'_>> {
-        let rest = subject.strip_prefix(PREFIX)?;
-        let dots: Vec<usize> = memchr::memchr_iter(b'.', rest).collect();
-        // v1: 7 tokens (6 dots), the delivered count is token 2; v2: 9 or 10, token 4.
-        let key_tokens = match dots.len() {
-            6 => 2,
-            8 | 9 => 4,
-            _ => return None,
-        };
-        let token = |i: usize| {
-            let start = if i == 0 { 0 } else { dots[i - 1] + 1 };
-            let end = dots.get(i).copied().unwrap_or(rest.len());
-            &rest[start..end]
-        };
+        let (consumer, delivered, sseq, cseq, ts) = fields(subject)?;
         Some(AckRef {
-            consumer: &rest[..dots[key_tokens - 1]],
-            delivered: number(token(key_tokens))?,
-            stream_seq: number(token(key_tokens + 1))?,
-            consumer_seq: number(token(key_tokens + 2))?,
-            timestamp: number(token(key_tokens + 3))?,
+            consumer,
+            delivered: number(delivered)?,
+            stream_seq: number(sseq)?,
+            consumer_seq: number(cseq)?,
+            timestamp: number(ts)?,
         })
     }
 }
@@ -112,28 +139,67 @@ fn managed_consumer(subject: &[u8]) -> Option<Vec<u8>> {
 
 #[derive(Debug, Clone, Copy)]
 struct Acked {
+    stream_seq: u64,
     consumer_seq: u64,
     timestamp: u64,
     at: Instant,
 }
 
-#[derive(Debug, Default)]
+/// One consumer's acks, sorted by stream sequence (acks come nearly in order, so an
+/// insert is a push at the back and a lookup a binary search; no hashing on the path
+/// every delivery and every ack takes).
+#[derive(Debug)]
 struct Consumer {
-    acked: HashMap<u64, Acked>,
-    order: VecDeque<u64>,
+    key: Bytes,
+    acked: VecDeque<Acked>,
 }
 
-/// The client's acks, per consumer.
+impl Consumer {
+    fn insert(&mut self, a: Acked) {
+        match self.acked.back() {
+            Some(last) if last.stream_seq >= a.stream_seq => {
+                match self
+                    .acked
+                    .binary_search_by_key(&a.stream_seq, |e| e.stream_seq)
+                {
+                    Ok(i) => self.acked[i] = a,
+                    Err(i) => self.acked.insert(i, a),
+                }
+            }
+            _ => self.acked.push_back(a),
+        }
+        if self.acked.len() > ACKED_PER_CONSUMER {
+            self.acked.pop_front();
+        }
+    }
+
+    fn get(&self, stream_seq: u64) -> Option<&Acked> {
+        if self.acked.back().is_none_or(|l| stream_seq > l.stream_seq) {
+            // Above every ack: a new message (nearly every delivery).
+            return None;
+        }
+        let i = self
+            .acked
+            .binary_search_by_key(&stream_seq, |e| e.stream_seq)
+            .ok()?;
+        self.acked.get(i)
+    }
+}
+
+/// The client's acks, per consumer (a handful per session: a short list).
 #[derive(Debug, Default)]
 pub struct AckMemory {
-    consumers: HashMap<Bytes, Consumer>,
-    /// Consumers in the order they were first seen (for the bound).
-    order: VecDeque<Bytes>,
+    /// In the order they were first seen (the bound drops the first).
+    consumers: Vec<Consumer>,
 }
 
 impl AckMemory {
     pub fn is_empty(&self) -> bool {
         self.consumers.is_empty()
+    }
+
+    fn consumer(&self, key: &[u8]) -> Option<&Consumer> {
+        self.consumers.iter().find(|c| c.key[..] == *key)
     }
 
     /// A client publish to `subject` with `payload` at `now`: remembered if it is a
@@ -142,8 +208,7 @@ impl AckMemory {
         if !subject.starts_with(PREFIX) {
             if !self.consumers.is_empty() && subject.starts_with(b"$JS.") {
                 if let Some(key) = managed_consumer(subject) {
-                    self.consumers.remove(&key[..]);
-                    self.order.retain(|k| k[..] != key[..]);
+                    self.consumers.retain(|c| c.key[..] != key[..]);
                 }
             }
             return;
@@ -152,30 +217,24 @@ impl AckMemory {
         let Some(a) = AckRef::parse(subject).filter(|_| positive) else {
             return;
         };
-        if !self.consumers.contains_key(a.consumer) {
-            if self.order.len() >= MAX_CONSUMERS {
-                if let Some(old) = self.order.pop_front() {
-                    self.consumers.remove(&old);
-                }
-            }
-            let key = Bytes::copy_from_slice(a.consumer);
-            self.order.push_back(key.clone());
-            self.consumers.insert(key, Consumer::default());
-        }
-        let Some(c) = self.consumers.get_mut(a.consumer) else {
-            return;
-        };
         let entry = Acked {
+            stream_seq: a.stream_seq,
             consumer_seq: a.consumer_seq,
             timestamp: a.timestamp,
             at: now,
         };
-        if c.acked.insert(a.stream_seq, entry).is_none() {
-            c.order.push_back(a.stream_seq);
-            if c.order.len() > ACKED_PER_CONSUMER {
-                if let Some(old) = c.order.pop_front() {
-                    c.acked.remove(&old);
+        match self.consumers.iter_mut().find(|c| c.key[..] == *a.consumer) {
+            Some(c) => c.insert(entry),
+            None => {
+                if self.consumers.len() >= MAX_CONSUMERS {
+                    self.consumers.remove(0);
                 }
+                let mut c = Consumer {
+                    key: Bytes::copy_from_slice(a.consumer),
+                    acked: VecDeque::new(),
+                };
+                c.insert(entry);
+                self.consumers.push(c);
             }
         }
     }
@@ -183,14 +242,14 @@ impl AckMemory {
     /// Whether a delivery with this reply, at `now`, is one of a message the client
     /// acked (see the module doc for the two rules).
     pub fn is_acked_redelivery(&self, reply: &[u8], now: Instant) -> bool {
-        let Some(a) = AckRef::parse(reply) else {
+        // Cheapest first: nearly every delivery is above every ack of its consumer.
+        let Some((consumer, _, sseq, _, _)) = fields(reply) else {
             return false;
         };
-        let Some(acked) = self
-            .consumers
-            .get(a.consumer)
-            .and_then(|c| c.acked.get(&a.stream_seq))
-        else {
+        let Some(acked) = number(sseq).and_then(|sseq| self.consumer(consumer)?.get(sseq)) else {
+            return false;
+        };
+        let Some(a) = AckRef::parse(reply) else {
             return false;
         };
         a.delivered > 1

@@ -198,19 +198,12 @@ pub struct Sequences {
 impl Sequences {
     /// `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>` (v1) or
     /// `$JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>.<token>`
-    /// (v2): counted from the end so both forms parse.
+    /// (v2), as [`super::acks::AckRef::parse`] reads them.
     pub fn of_ack(reply: &[u8]) -> Option<Sequences> {
-        let rest = reply.strip_prefix(b"$JS.ACK.")?;
-        let tokens: Vec<&[u8]> = rest.split(|&c| c == b'.').collect();
-        let num = |t: &[u8]| std::str::from_utf8(t).ok()?.parse::<u64>().ok();
-        let (sseq, cseq) = match tokens.len() {
-            7 => (tokens[3], tokens[4]),
-            9 | 10 => (tokens[5], tokens[6]),
-            _ => return None,
-        };
+        let a = super::acks::AckRef::parse(reply)?;
         Some(Sequences {
-            consumer: num(cseq)?,
-            stream: num(sseq)?,
+            consumer: a.consumer_seq,
+            stream: a.stream_seq,
         })
     }
 }

@@ -206,8 +206,11 @@ impl PullTracker {
         };
         inbox.upstream_seen = now;
         inbox.client_seen = now;
-        if let Some(s) = reply.and_then(Sequences::of_ack) {
-            inbox.last = s;
+        // Only a client that asked for heartbeats gets the proxy's, which carry these.
+        if inbox.client_hb().is_some() {
+            if let Some(s) = reply.and_then(Sequences::of_ack) {
+                inbox.last = s;
+            }
         }
         inbox.consumer_answered(now);
         if let Some(i) = inbox.requests.iter().position(Request::placed) {
