@@ -208,7 +208,8 @@ pub struct Opts {
     #[arg(long, env = "NATSPROXY_SHUTDOWN_GRACE", global = true)]
     pub shutdown_grace: Option<String>,
 
-    /// Log filter: error, warn, info, debug, trace, or a tracing directive. [default: info]
+    /// Log filter: error, warn, info, debug, trace, or a tracing directive. [default:
+    /// RUST_LOG if set, else info]
     #[arg(long, env = "NATSPROXY_LOG_LEVEL", global = true)]
     pub log_level: Option<String>,
 
@@ -518,7 +519,15 @@ impl Opts {
                 value: "0".into(),
             });
         }
-        let log_level = pick(&self.log_level, "log_level")?.unwrap_or_else(|| "info".into());
+        // natsproxy's own setting (flag, NATSPROXY_LOG_LEVEL, file) wins; without one,
+        // RUST_LOG as in every tracing-based tool; else info.
+        let log_level = match pick(&self.log_level, "log_level")? {
+            Some(l) => l,
+            None => std::env::var("RUST_LOG")
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .unwrap_or_else(|| "info".into()),
+        };
         let log_format = match (self.log_format, file_str(&file, "log_format")?) {
             (Some(f), _) => f,
             (None, Some(s)) => {

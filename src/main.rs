@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 
 use natsproxy::cli::{Cli, Command};
-use natsproxy::proxy::Proxy;
+use natsproxy::proxy::{self, Proxy, StartError};
 use natsproxy::{demo, shutdown, telemetry};
 
 fn main() -> ExitCode {
@@ -21,6 +21,11 @@ fn main() -> ExitCode {
         }
     };
     if let Some(Command::CheckConfig) = cli.command {
+        // Every file it names must load, as at start-up (creds and seeds did above).
+        if let Err(e) = proxy::check_files(&settings.config) {
+            eprintln!("natsproxy: configuration error: {e}");
+            return ExitCode::from(e.exit_code());
+        }
         print!("{}", settings.render());
         return ExitCode::SUCCESS;
     }
@@ -38,12 +43,15 @@ fn main() -> ExitCode {
         }
     };
     rt.block_on(async move {
-        let listen = cfg.listen;
         let proxy = match Proxy::bind(cfg).await {
             Ok(p) => p,
+            Err(e @ StartError::Tls(_)) => {
+                eprintln!("natsproxy: configuration error: {e}");
+                return ExitCode::from(e.exit_code());
+            }
             Err(e) => {
-                eprintln!("natsproxy: cannot listen on {listen} (or the metrics address): {e}");
-                return ExitCode::FAILURE;
+                eprintln!("natsproxy: {e}");
+                return ExitCode::from(e.exit_code());
             }
         };
         let token = CancellationToken::new();

