@@ -74,18 +74,30 @@ fn kubernetes_and_helm_files_embed_the_same_vector_config() {
         .iter()
         .find(|d| d["kind"] == "Deployment")
         .expect("Deployment");
-    let containers = dep["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .unwrap();
+    let pod = &dep["spec"]["template"]["spec"];
+    assert!(
+        pod["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "vector"),
+        "Vector is the main container"
+    );
     let sidecars = [
-        containers
+        pod["initContainers"]
+            .as_array()
+            .expect("natsproxy as a native sidecar (an init container)")
             .iter()
             .find(|c| c["name"] == "natsproxy")
-            .expect("natsproxy container")
+            .expect("natsproxy init container")
             .clone(),
-        helm["extraContainers"][0].clone(),
+        helm["initContainers"][0].clone(),
     ];
     for np in &sidecars {
+        // Native sidecar: restarted like a container, started (ready) before Vector,
+        // stopped after it.
+        assert_eq!(np["restartPolicy"], "Always");
+        assert_eq!(np["startupProbe"]["httpGet"]["path"], "/readyz");
         let args: Vec<&str> = np["args"]
             .as_array()
             .unwrap()

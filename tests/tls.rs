@@ -253,3 +253,33 @@ async fn ca_file_changes_apply_to_new_connections_only() {
     );
     assert_eq!(p.stats.upstream_connects.get(), 1);
 }
+
+/// Readiness dials as a session does: a `handshake_first` node, which sends nothing
+/// before the TLS handshake, makes the proxy ready with no client connected.
+#[tokio::test]
+async fn readiness_with_a_handshake_first_upstream() {
+    init_logs();
+    let pki = Pki::new();
+    let ca = pki.write("ca.pem", &pki.ca.cert.pem());
+    let first = tls_server(&pki, ", handshake_first: true").await;
+    let url = format!("tls://127.0.0.1:{}?tls_first", first.port);
+    let metrics = free_port();
+    let p = TestProxy::start_with(&[url], move |c: &mut Config| {
+        c.upstream_tls = UpstreamTls {
+            ca: Some(ca),
+            ..Default::default()
+        };
+        c.metrics_listen = Some(format!("127.0.0.1:{metrics}").parse().unwrap());
+    })
+    .await;
+    within(T, "/readyz 200 without a client", async {
+        while common::cluster::http_get(metrics, "/readyz")
+            .await
+            .is_none()
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(p.stats.clients_active.get(), 0);
+}

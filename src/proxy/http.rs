@@ -10,6 +10,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::tls::Dialer;
 use super::Stats;
 
 /// Largest request head read.
@@ -72,9 +73,12 @@ impl Default for Readiness {
     }
 }
 
-/// Dials the upstreams (TCP, then the server's INFO line) whenever no client session has
-/// a working upstream, to keep readiness true while the cluster is reachable.
+/// Dials the upstreams whenever no client session has a working upstream, to keep
+/// readiness true while the cluster is reachable. A dial is what a session's would be
+/// (the [`Dialer`]: TCP, then the server's INFO line, or the TLS handshake first for a
+/// `handshake_first` node), so a node that only speaks TLS first counts too.
 pub async fn probe(
+    dialer: Arc<Dialer>,
     upstreams: Vec<String>,
     stats: Arc<Stats>,
     ready: Arc<Readiness>,
@@ -85,7 +89,7 @@ pub async fn probe(
             ready.mark_ok();
         } else {
             for addr in &upstreams {
-                if probe_one(addr).await {
+                if dialer.dial(addr, PROBE_TIMEOUT).await.is_ok() {
                     ready.mark_ok();
                     break;
                 }
@@ -99,18 +103,8 @@ pub async fn probe(
     }
 }
 
-async fn probe_one(addr: &str) -> bool {
-    let attempt = async {
-        let mut s = TcpStream::connect(addr).await.ok()?;
-        let mut b = [0u8; 5];
-        s.read_exact(&mut b).await.ok()?;
-        Some(b.eq_ignore_ascii_case(b"INFO "))
-    };
-    matches!(
-        tokio::time::timeout(Duration::from_secs(2), attempt).await,
-        Ok(Some(true))
-    )
-}
+/// How long one readiness dial may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Serves the endpoint until shutdown.
 pub async fn serve(

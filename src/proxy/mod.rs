@@ -123,6 +123,7 @@ impl Proxy {
         if let Some(l) = self.metrics {
             let ups = self.cfg.session().upstreams;
             endpoints.spawn(http::probe(
+                self.dialer.clone(),
                 ups,
                 self.stats.clone(),
                 ready.clone(),
