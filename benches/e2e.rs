@@ -398,6 +398,7 @@ async fn migration_cost(rate: u64) -> (Duration, Duration, u64, u64) {
         nodes: 3,
         jetstream: false,
         publisher_node: true,
+        ..Default::default()
     })
     .await;
     let proxy = common::TestProxy::start(&cluster.urls()).await;

@@ -92,6 +92,12 @@ pub struct Opts {
     #[arg(long, env = "NATSPROXY_UPSTREAM_TLS_KEY", global = true)]
     pub upstream_tls_key: Option<PathBuf>,
 
+    /// Name to verify every upstream certificate against, for a cluster reached by IP
+    /// whose certificates name a host. [default: each configured URL's host; nodes learned
+    /// from the cluster: the first configured host name, as the official clients do]
+    #[arg(long, env = "NATSPROXY_UPSTREAM_TLS_SERVER_NAME", global = true)]
+    pub upstream_tls_server_name: Option<String>,
+
     /// DANGER: accept any upstream certificate (no server verification at all).
     #[arg(
         long,
@@ -262,6 +268,7 @@ const FILE_KEYS: &[&str] = &[
     "upstream_tls_cert",
     "upstream_tls_key",
     "upstream_tls_insecure_skip_verify",
+    "upstream_tls_server_name",
     "client_token",
     "client_user",
     "client_password",
@@ -493,6 +500,7 @@ impl Opts {
                 self.upstream_tls_insecure_skip_verify,
                 "upstream_tls_insecure_skip_verify",
             )?,
+            server_name: pick(&self.upstream_tls_server_name, "upstream_tls_server_name")?,
         };
         if c.upstream_tls.cert.is_some() != c.upstream_tls.key.is_some() {
             return Err(ConfigError::Credentials(
@@ -574,6 +582,9 @@ impl Settings {
             if let Some(p) = v {
                 out += &format!("{k} = \"{}\"\n", p.display());
             }
+        }
+        if let Some(n) = &t.server_name {
+            out += &format!("upstream_tls_server_name = \"{n}\"\n");
         }
         if t.insecure_skip_verify {
             out += "upstream_tls_insecure_skip_verify = true  # DANGER: no server verification\n";

@@ -48,6 +48,10 @@ pub struct UpstreamTls {
     pub key: Option<std::path::PathBuf>,
     /// Accept any server certificate (`--upstream-tls-insecure-skip-verify`).
     pub insecure_skip_verify: bool,
+    /// The name every node's certificate is verified against
+    /// (`--upstream-tls-server-name`); None: a configured URL's own host, and for nodes
+    /// learned from the cluster (announced by IP) the first configured host name.
+    pub server_name: Option<String>,
 }
 
 /// A configuration error, naming the field and the fix.

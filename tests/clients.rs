@@ -468,6 +468,7 @@ async fn start(
         nodes: 3,
         jetstream: true,
         publisher_node: true,
+        ..Default::default()
     })
     .await;
     let mut durables: Vec<&str> = clients

@@ -234,6 +234,7 @@ async fn js_cluster() -> Cluster {
         nodes: 3,
         jetstream: true,
         publisher_node: true,
+        ..Default::default()
     })
     .await
 }

@@ -143,6 +143,7 @@ async fn rolling_lame_duck_restart_is_invisible_to_clients() {
         nodes: 3,
         jetstream: false,
         publisher_node: true,
+        ..Default::default()
     })
     .await;
     let proxy = TestProxy::start(&cluster.urls()).await;
@@ -332,6 +333,7 @@ async fn fault_of_current_node(stop_node: bool) -> Duration {
         nodes: 3,
         jetstream: false,
         publisher_node: true,
+        ..Default::default()
     })
     .await;
     let proxy = TestProxy::start(&cluster.urls()).await;
@@ -485,6 +487,7 @@ async fn metrics_move_and_readiness_holds_through_a_migration() {
         nodes: 3,
         jetstream: false,
         publisher_node: true,
+        ..Default::default()
     })
     .await;
     let proxy = TestProxy::start_with(&cluster.urls(), |c| {

@@ -217,6 +217,7 @@ async fn hundreds_of_clients_migrating_at_once_get_every_message_once() {
         nodes: 3,
         jetstream: false,
         publisher_node: true,
+        ..Default::default()
     })
     .await;
     let proxy = Proxy::start(cluster.nodes[0].url()).await;

@@ -283,3 +283,159 @@ async fn readiness_with_a_handshake_first_upstream() {
     .await;
     assert_eq!(p.stats.clients_active.get(), 0);
 }
+
+/// A leaf certificate for exactly these names (no IP SAN unless given).
+fn leaf_for(ca: &Ca, names: &[&str]) -> (String, String) {
+    let mut p =
+        CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+    p.distinguished_name
+        .push(DnType::CommonName, "natsproxy test node");
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate().unwrap();
+    let cert = p.signed_by(&key, &ca.cert, &ca.key).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// How the proxy is pointed at a TLS cluster whose certificates name only `localhost`.
+enum Reach {
+    /// `tls://localhost:<n1>`; the nodes learned from INFO are IPs.
+    ByName,
+    /// `tls://127.0.0.1:<n1>` with `--upstream-tls-server-name localhost`.
+    ByIpWithServerName,
+}
+
+/// Rolling lame-duck restart of a 3-node TLS cluster under a steady publisher (on a 4th
+/// node that never restarts): every message once, no client disconnect, gaps under 1 s.
+async fn rolling_restart_of_a_host_named_tls_cluster(reach: Reach) {
+    use common::cluster::{Cluster, ClusterOpts};
+    use futures::StreamExt;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    init_logs();
+    let pki = Pki::new();
+    let (cert, key) = leaf_for(&pki.ca, &["localhost"]);
+    let block = format!(
+        "tls {{ cert_file: \"{}\", key_file: \"{}\", timeout: 2 }}\n",
+        pki.write("node.pem", &cert).display(),
+        pki.write("node.key", &key).display()
+    );
+    let ca = pki.write("ca.pem", &pki.ca.cert.pem());
+    let mut cluster = Cluster::start(ClusterOpts {
+        nodes: 3,
+        jetstream: false,
+        publisher_node: true,
+        client_tls: Some(block),
+    })
+    .await;
+    let port = cluster.nodes[0].port;
+    let (url, server_name) = match reach {
+        Reach::ByName => (format!("tls://localhost:{port}"), None),
+        Reach::ByIpWithServerName => (format!("tls://127.0.0.1:{port}"), Some("localhost".into())),
+    };
+    let p = TestProxy::start_with(&[url], move |c: &mut Config| {
+        c.upstream_tls = UpstreamTls {
+            ca: Some(ca),
+            server_name,
+            ..Default::default()
+        };
+    })
+    .await;
+    let disconnects = Arc::new(AtomicU64::new(0));
+    let d = disconnects.clone();
+    let client = async_nats::ConnectOptions::new()
+        .event_callback(move |ev| {
+            let d = d.clone();
+            async move {
+                if matches!(ev, async_nats::Event::Disconnected) {
+                    d.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+        .connect(p.url())
+        .await
+        .unwrap();
+    let mut sub = client.subscribe("tls.roll").await.unwrap();
+    client.flush().await.unwrap();
+    let publisher = async_nats::connect(cluster.publisher.as_ref().unwrap().url())
+        .await
+        .unwrap();
+    // The subscription's interest reached the publisher's node.
+    within(T * 3, "interest on the publisher node", async {
+        loop {
+            publisher.publish("tls.roll", "p".into()).await.unwrap();
+            publisher.flush().await.unwrap();
+            if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(100), sub.next()).await
+            {
+                return;
+            }
+        }
+    })
+    .await;
+    const N: u64 = 6000;
+    let pubc = publisher.clone();
+    let publishing = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(2));
+        for n in 1..=N {
+            tick.tick().await;
+            pubc.publish("tls.roll", n.to_string().into())
+                .await
+                .unwrap();
+        }
+        pubc.flush().await.unwrap();
+    });
+    let receiving = tokio::spawn(async move {
+        let (mut got, mut gap, mut last) = (Vec::new(), Duration::ZERO, None::<std::time::Instant>);
+        while (got.len() as u64) < N {
+            let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(20), sub.next()).await
+            else {
+                break;
+            };
+            let Ok(n) = std::str::from_utf8(&m.payload).unwrap_or("").parse::<u64>() else {
+                continue;
+            };
+            if let Some(l) = last {
+                gap = gap.max(l.elapsed());
+            }
+            last = Some(std::time::Instant::now());
+            got.push(n);
+        }
+        (got, gap)
+    });
+    for i in 0..3 {
+        cluster.lame_duck(i);
+        cluster.wait_exit(i, Duration::from_secs(40)).await;
+        cluster.restart(i).await;
+    }
+    within(Duration::from_secs(60), "publisher", publishing)
+        .await
+        .unwrap();
+    let (got, gap) = within(Duration::from_secs(60), "subscriber", receiving)
+        .await
+        .unwrap();
+    let migrations = p.stats.migrations.get();
+    eprintln!(
+        "TLS by host name: {} of {N} received, largest gap {gap:?}, {migrations} migrations, \
+         {} client disconnects",
+        got.len(),
+        disconnects.load(Ordering::Relaxed)
+    );
+    let first_off = got.iter().zip(1..).position(|(g, w)| *g != w);
+    assert!(
+        got.len() as u64 == N && first_off.is_none(),
+        "every message once, in order: {} of {N}, first off at {first_off:?}",
+        got.len()
+    );
+    assert!(gap < Duration::from_secs(1), "largest gap {gap:?}");
+    assert!(migrations >= 3, "{migrations} migrations");
+    assert_eq!(disconnects.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_cluster_whose_certificates_name_only_a_host_through_a_rolling_restart() {
+    rolling_restart_of_a_host_named_tls_cluster(Reach::ByName).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_cluster_reached_by_ip_with_an_explicit_server_name() {
+    rolling_restart_of_a_host_named_tls_cluster(Reach::ByIpWithServerName).await;
+}

@@ -228,22 +228,41 @@ impl Dialer {
         }
     }
 
+    /// The name `addr`'s certificate is verified against: `--upstream-tls-server-name`;
+    /// else a configured URL's own host; else (a node learned from the cluster's INFO,
+    /// announced by IP) the first configured host that is a name, as nats.go verifies
+    /// implicit servers against the host of the URL it was given.
+    pub fn verify_name<'a>(&'a self, addr: &'a str) -> &'a str {
+        if let Some(n) = &self.tls.server_name {
+            return n;
+        }
+        let host = host_of(addr);
+        if self.plans.iter().any(|(a, _)| a == addr) {
+            return host;
+        }
+        self.plans
+            .iter()
+            .map(|(a, _)| host_of(a))
+            .find(|h| h.parse::<IpAddr>().is_err())
+            .unwrap_or(host)
+    }
+
     async fn handshake(&self, addr: &str, tcp: TcpStream) -> io::Result<UpStream> {
         let config = self.client_config().map_err(io::Error::other)?;
-        let host = addr
-            .rsplit_once(':')
-            .map_or(addr, |(h, _)| h)
-            .trim_start_matches('[')
-            .trim_end_matches(']');
-        let name = match host.parse::<IpAddr>() {
+        let checked = self.verify_name(addr);
+        let name = match checked.parse::<IpAddr>() {
             Ok(ip) => ServerName::IpAddress(ip.into()),
-            Err(_) => ServerName::try_from(host.to_owned())
-                .map_err(|e| io::Error::other(format!("{host}: not a TLS server name: {e}")))?,
+            Err(_) => ServerName::try_from(checked.to_owned())
+                .map_err(|e| io::Error::other(format!("{checked}: not a TLS server name: {e}")))?,
         };
         let s = TlsConnector::from(config)
             .connect(name, tcp)
             .await
-            .map_err(|e| io::Error::other(format!("TLS handshake with {addr}: {e}")))?;
+            .map_err(|e| {
+                io::Error::other(format!(
+                    "TLS handshake with {addr} (certificate checked for `{checked}`): {e}"
+                ))
+            })?;
         Ok(UpStream::Tls(Box::new(s)))
     }
 }
@@ -291,6 +310,14 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 /// Builds the client configuration from the files.
+/// The host of `host:port` (`[v6]:port` without brackets).
+fn host_of(addr: &str) -> &str {
+    addr.rsplit_once(':')
+        .map_or(addr, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+}
+
 fn build(t: &UpstreamTls) -> Result<ClientConfig, String> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()

@@ -67,6 +67,8 @@ pub struct ClusterOpts {
     pub jetstream: bool,
     /// Add a node outside the proxy's view (no JetStream, not advertised) for publishers.
     pub publisher_node: bool,
+    /// A `tls { }` block for the client port of the cluster's nodes (not the publisher's).
+    pub client_tls: Option<String>,
 }
 
 /// One cluster at a time per test binary: clusters are heavy for 2 cores, and free-port
@@ -106,6 +108,9 @@ impl Cluster {
                 "server_name: {name}\nlisten: \"127.0.0.1:{port}\"\nhttp: \"127.0.0.1:{http}\"\n\
                  lame_duck_duration: \"30s\"\nlame_duck_grace_period: \"1s\"\n"
             );
+            if let (Some(tls), false) = (&opts.client_tls, is_pub) {
+                conf += tls;
+            }
             if opts.jetstream && !is_pub {
                 conf += &format!(
                     "jetstream {{ store_dir: \"{}\" }}\n",
