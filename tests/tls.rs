@@ -426,7 +426,9 @@ async fn rolling_restart_of_a_host_named_tls_cluster(reach: Reach) {
         got.len()
     );
     assert!(gap < Duration::from_secs(1), "largest gap {gap:?}");
-    assert!(migrations >= 3, "{migrations} migrations");
+    // The proxy moves only when its own node leaves (2 or 3 times in 3 restarts); its
+    // first move goes to a node it learned from INFO, by IP.
+    assert!(migrations >= 1, "{migrations} migrations");
     assert_eq!(disconnects.load(Ordering::Relaxed), 0);
 }
 
