@@ -18,8 +18,9 @@
 //!          CONNECT, PING, replay SUBs (same sid/subject/queue, max − delivered), PING ─► promoted
 //!          to primary at once when there is none (start-up, failover); backlog flushed
 //!
-//!  lame duck (INFO ldm:true on primary A), make-before-break:
-//!   Dial B ─► B established (replay written; overlap de-dup starts: both links deliver)
+//!  lame duck (INFO ldm:true on primary A), make-before-break (A's deliveries are
+//!  remembered from here on for the overlap de-dup):
+//!   Dial B ─► B established (replay written; B attached to the de-dup: both deliver)
 //!     ─ B's replay PONG (its SUBs are registered) ─► switch barrier: PING on A; client
 //!       traffic waits in the backlog ─ A's PONG (all earlier publishes processed) ─►
 //!       SWITCH: A retiring, B primary, backlog flushed to B
@@ -383,8 +384,8 @@ impl Session {
                 self.linger_until,
                 self.confirm_at,
                 outage,
-                // Re-issues wait for a working upstream (see `reissue_due_pulls`).
-                // Placements wait for a working upstream; statuses for the client do not.
+                // Placements wait for a working upstream (see `reissue_due_pulls`);
+                // statuses made for the client do not.
                 self.pulls.poll_timeout(self.has_upstream()),
             ])
             .flatten()
