@@ -339,20 +339,7 @@ async fn js_pull(env: &Env, path: Path, n: u64) -> f64 {
         a.await.unwrap();
     }
     let js = jetstream::new(async_nats::connect(env.url(path)).await.unwrap());
-    let consumer: jetstream::consumer::PullConsumer = js
-        .get_stream(&name)
-        .await
-        .unwrap()
-        .get_consumer("C")
-        .await
-        .unwrap();
-    let mut msgs = consumer
-        .stream()
-        .max_messages_per_batch(200)
-        .max_bytes_per_batch(0)
-        .messages()
-        .await
-        .unwrap();
+    let mut msgs = common::vector_pull_stream(&js, &name, "C").await;
     let start = Instant::now();
     let mut got = 0;
     while let Some(Ok(m)) = msgs.next().await {

@@ -318,20 +318,7 @@ async fn spawn_vector(url: &str, expect: u64, secs: u64) -> tokio::task::JoinHan
         .await
         .unwrap();
     let js = jetstream::new(c);
-    let consumer: jetstream::consumer::PullConsumer = js
-        .get_stream(STREAM)
-        .await
-        .unwrap()
-        .get_consumer("AN")
-        .await
-        .unwrap();
-    let mut messages = consumer
-        .stream()
-        .max_messages_per_batch(200)
-        .max_bytes_per_batch(0)
-        .messages()
-        .await
-        .unwrap();
+    let mut messages = vector_pull_stream(&js, STREAM, "AN").await;
     tokio::spawn(async move {
         let mut o = Outcome {
             name: "async-nats (Vector loop)".into(),

@@ -63,20 +63,7 @@ async fn vector_style_pull_consumer_through_the_proxy() {
     // The consumer goes through the proxy, as Vector's source would.
     let via = async_nats::connect(proxy.url()).await.unwrap();
     let js = jetstream::new(via);
-    let consumer: jetstream::consumer::PullConsumer = js
-        .get_stream(&stream_name)
-        .await
-        .unwrap()
-        .get_consumer(&consumer_name)
-        .await
-        .unwrap();
-    let mut messages = consumer
-        .stream()
-        .max_messages_per_batch(200)
-        .max_bytes_per_batch(0)
-        .messages()
-        .await
-        .unwrap();
+    let mut messages = vector_pull_stream(&js, &stream_name, &consumer_name).await;
     let mut next = 0u64;
     within(Duration::from_secs(60), "all JetStream messages", async {
         // Vector's loop: `while let Some(Ok(msg)) = stream.next().await`.

@@ -123,20 +123,7 @@ fn spawn_vector_consumer(url: String, seen: Shared) -> tokio::task::JoinHandle<(
             .await
             .unwrap();
         let js = jetstream::new(c);
-        let consumer: jetstream::consumer::PullConsumer = js
-            .get_stream("LOGS")
-            .await
-            .unwrap()
-            .get_consumer("CV")
-            .await
-            .unwrap();
-        let mut messages = consumer
-            .stream()
-            .max_messages_per_batch(200)
-            .max_bytes_per_batch(0)
-            .messages()
-            .await
-            .unwrap();
+        let mut messages = vector_pull_stream(&js, "LOGS", "CV").await;
         while let Some(item) = messages.next().await {
             match item {
                 Ok(m) => {
