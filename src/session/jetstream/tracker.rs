@@ -15,12 +15,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::phase::{place, Due, Phase, Placement, Request, PROBE_INTERVAL};
-use super::request::{self, Ask, PullBody, Sequences};
+use super::request::{self, Ask, Sequences};
 use crate::proto::status::{PullStatus, Rejection};
 use crate::proto::Message;
 
 /// Bound of tracked requests per session.
 pub const MAX_TRACKED_REQUESTS: usize = 1024;
+
 #[derive(Debug)]
 struct Inbox {
     requests: VecDeque<Request>,
@@ -46,7 +47,8 @@ impl Inbox {
             .any(|r| matches!(r.phase, Phase::Probing { .. }))
     }
 
-    /// The oldest placed request on `reply` (statuses name the reply they answer).
+    /// The oldest (or `newest`) placed request on `reply` (statuses name the reply they
+    /// answer).
     fn placed_on(&self, reply: &[u8], newest: bool) -> Option<usize> {
         let hit = |r: &Request| r.placed() && r.reply == reply;
         if newest {
@@ -95,8 +97,6 @@ pub struct PullStats {
     pub reissued: u64,
     pub shielded: u64,
     pub heartbeats_swallowed: u64,
-    pub heartbeats_made: u64,
-    pub timeouts_made: u64,
 }
 
 /// Pull requests of one client, per inbox subscription (sid).
@@ -117,7 +117,7 @@ impl PullTracker {
         self.inboxes.values().map(|i| i.requests.len()).sum()
     }
 
-    /// The phases of the requests on `sid`, oldest first (tests and the fuzz target).
+    /// The phases of the requests on `sid`, oldest first (for tests).
     pub fn phases(&self, sid: &[u8]) -> Vec<Phase> {
         self.inboxes
             .get(sid)
@@ -138,7 +138,7 @@ impl PullTracker {
         payload: &[u8],
         now: Instant,
     ) -> Option<Bytes> {
-        let body = parse_or_none(payload)?;
+        let body = request::parse_body(payload)?;
         if self.len() >= MAX_TRACKED_REQUESTS {
             self.forget_oldest();
         }
@@ -374,7 +374,6 @@ impl PullTracker {
                             let bytes = r.bytes_left.unwrap_or(0);
                             request::request_timeout(&r.reply, sid, r.batch_left, bytes)
                         };
-                        self.stats.timeouts_made += 1;
                         out.push(PullAction::ToClient(frame));
                         inbox.client_seen = now;
                         inbox.requests.remove(i);
@@ -423,7 +422,6 @@ impl PullTracker {
                         out.push(PullAction::ToClient(request::idle_heartbeat(
                             &reply, sid, inbox.last,
                         )));
-                        self.stats.heartbeats_made += 1;
                         inbox.client_seen = now;
                     }
                 }
@@ -453,10 +451,6 @@ impl PullTracker {
             })
             .min()
     }
-}
-
-fn parse_or_none(payload: &[u8]) -> Option<PullBody> {
-    request::parse_body(payload)
 }
 
 /// An `Ended` status for placed request `i`: a probe that ended before the client's
