@@ -204,6 +204,12 @@ pub struct Opts {
     #[arg(long, env = "NATSPROXY_SETTLE", global = true)]
     pub settle: Option<String>,
 
+    /// When a node goes lame duck, each client's proxy session dials its new node after a
+    /// random delay below this, so that the many clients of a shared proxy (a DaemonSet)
+    /// do not dial the remaining nodes all at once. 0 dials at once. [default: 250ms]
+    #[arg(long, env = "NATSPROXY_MIGRATION_SPREAD", global = true)]
+    pub migration_spread: Option<String>,
+
     /// With no upstream reachable for this long the client is closed with -ERR, so that
     /// its own reconnect logic takes over. Meanwhile its publishes are buffered (up to
     /// --max-backlog) and its PINGs answered. [default: 2m]
@@ -253,6 +259,7 @@ const FILE_KEYS: &[&str] = &[
     "max_backlog",
     "max_hold",
     "settle",
+    "migration_spread",
     "max_outage",
     "shutdown_grace",
     "log_level",
@@ -401,6 +408,11 @@ impl Opts {
         c.connect_timeout = dur(&self.connect_timeout, "connect_timeout", c.connect_timeout)?;
         c.settle = dur(&self.settle, "settle", c.settle)?;
         c.max_outage = dur(&self.max_outage, "max_outage", c.max_outage)?;
+        c.migration_spread = dur(
+            &self.migration_spread,
+            "migration_spread",
+            c.migration_spread,
+        )?;
         c.shutdown_grace = dur(&self.shutdown_grace, "shutdown_grace", c.shutdown_grace)?;
         c.max_client_pending = size(
             &self.max_client_pending,
@@ -607,6 +619,7 @@ impl Settings {
         out += &format!("max_hold = {}\n", c.max_hold);
         out += &format!("settle = {}\n", d(c.settle));
         out += &format!("max_outage = {}\n", d(c.max_outage));
+        out += &format!("migration_spread = {}\n", d(c.migration_spread));
         out += &format!("shutdown_grace = {}\n", d(c.shutdown_grace));
         out += &format!("log_level = \"{}\"\n", self.log_level);
         out += &format!(

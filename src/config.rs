@@ -20,7 +20,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default time given to connections to finish on shutdown.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-pub use crate::proto::json::{ClientAuth, Credentials, NkeySeed};
+pub use crate::auth::{ClientAuth, Credentials, NkeySeed};
 
 /// One upstream server URL: `nats://[user:pass@|token@]host:port`, or `tls://…` (TLS
 /// required), optionally `?tls_first` (TLS before INFO, for `handshake_first` servers).
@@ -243,6 +243,7 @@ pub struct Config {
     pub shutdown_grace: Duration,
     pub settle: Duration,
     pub max_outage: Duration,
+    pub migration_spread: Duration,
     pub backoff_min: Duration,
     pub backoff_max: Duration,
     /// Credentials the proxy presents upstream (`--creds`, `--nkey-seed`, `--user` and
@@ -272,6 +273,7 @@ impl Config {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             settle: DEFAULT_SETTLE,
             max_outage: DEFAULT_MAX_OUTAGE,
+            migration_spread: crate::session::DEFAULT_MIGRATION_SPREAD,
             backoff_min: DEFAULT_BACKOFF_MIN,
             backoff_max: DEFAULT_BACKOFF_MAX,
             credentials: None,
@@ -296,6 +298,7 @@ impl Config {
             max_backlog: self.max_backlog,
             settle: self.settle,
             max_outage: self.max_outage,
+            migration_spread: self.migration_spread,
             backoff_min: self.backoff_min,
             backoff_max: self.backoff_max,
             max_dedup_entries: crate::session::dedup::DEFAULT_MAX_ENTRIES,

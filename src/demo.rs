@@ -71,7 +71,11 @@ mod imp {
         if let Ok(p) = std::env::var("NATS_SERVER_BIN") {
             return Some(PathBuf::from(p)).filter(|p| p.is_file());
         }
-        std::env::split_paths(&std::env::var_os("PATH")?)
+        // `.ci/setup`'s virtual environment (an externally managed system Python) when
+        // run from the repository, as the README does.
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        std::env::split_paths(&path)
+            .chain([PathBuf::from(".venv/bin")])
             .map(|d| d.join("nats-server"))
             .find(|p| p.is_file())
     }

@@ -8,7 +8,9 @@
 //! - [`proto`]: sans-io NATS codec, both directions.
 //! - [`session`]: sans-io per-client state machine (bytes, events and `now` in; actions out).
 //! - [`proxy`]: the tokio shell: listener, per-client driver, dialing, shutdown.
+//! - [`auth`]: credentials the proxy holds and asks for, nonce signing.
 
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod demo;

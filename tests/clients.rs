@@ -130,7 +130,7 @@ fn programs() -> Vec<(&'static str, &'static str, Vec<String>)> {
     };
     let py = |file: &str| {
         vec![
-            "python3".into(),
+            python().display().to_string(),
             clients_dir().join("py").join(file).display().to_string(),
         ]
     };
@@ -167,7 +167,7 @@ fn external_clients(core: bool, patterns: Option<bool>) -> Vec<Client> {
             name: "nats-py patterns".into(),
             mode: Mode::Patterns(ordered),
             argv: vec![
-                "python3".into(),
+                python().display().to_string(),
                 clients_dir().join("py/patterns.py").display().to_string(),
             ],
         });

@@ -19,7 +19,7 @@ fn toml_json(text: &str) -> serde_json::Value {
 
 /// YAML documents as JSON, parsed by PyYAML (installed by .ci/run).
 fn yaml_docs(path: &Path) -> Vec<serde_json::Value> {
-    let out = Command::new("python3")
+    let out = Command::new(python())
         .args([
             "-c",
             "import json,sys,yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))",
@@ -300,4 +300,45 @@ fn dockerfile_build_stage_builds_from_exactly_what_it_copies() {
         !demo.status.success() && String::from_utf8_lossy(&demo.stderr).contains("without"),
         "built without the demo"
     );
+}
+
+/// Where the system's Python refuses `pip install` (PEP 668), `.ci/setup` puts nats-py,
+/// PyYAML and nats-server 2.15 in a virtual environment. Forced here
+/// (`NATSPROXY_FORCE_VENV`) into a scratch directory: the rest of the script finds its
+/// other packages installed already and changes nothing.
+#[test]
+fn setup_script_falls_back_to_a_virtual_environment() {
+    let dir = TempDir::new("venv");
+    let venv = dir.0.join("venv");
+    let out = Command::new("bash")
+        .arg(repo(".ci/setup"))
+        .env("NATSPROXY_FORCE_VENV", "1")
+        .env("NATSPROXY_VENV", &venv)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let py = venv.join("bin/python3");
+    assert!(
+        stdout.contains(&format!("python: {}", py.display())),
+        "{stdout}"
+    );
+    let imports = Command::new(&py)
+        .args([
+            "-c",
+            "import nats, yaml; print(nats.__name__, yaml.__name__)",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&imports.stdout).trim(), "nats yaml");
+    let server = Command::new(venv.join("bin/nats-server"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let v = String::from_utf8_lossy(&server.stdout);
+    assert!(v.contains("v2.15") || v.contains("v2.16"), "{v}");
 }

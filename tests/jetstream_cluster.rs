@@ -284,7 +284,7 @@ fn spawn_python_consumer(url: String, seen: Shared) -> tokio::task::JoinHandle<(
     use tokio::io::AsyncBufReadExt;
     tokio::spawn(async move {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/pull_fetch.py");
-        let mut child = tokio::process::Command::new("python3")
+        let mut child = tokio::process::Command::new(python())
             .arg(script)
             .arg(url)
             .stdout(std::process::Stdio::piped())

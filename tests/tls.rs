@@ -297,6 +297,7 @@ fn leaf_for(ca: &Ca, names: &[&str]) -> (String, String) {
 }
 
 /// How the proxy is pointed at a TLS cluster whose certificates name only `localhost`.
+#[derive(Debug)]
 enum Reach {
     /// `tls://localhost:<n1>`; the nodes learned from INFO are IPs.
     ByName,
@@ -308,9 +309,7 @@ enum Reach {
 /// node that never restarts): every message once, no client disconnect, gaps under 1 s.
 async fn rolling_restart_of_a_host_named_tls_cluster(reach: Reach) {
     use common::cluster::{Cluster, ClusterOpts};
-    use futures::StreamExt;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::Arc;
+    use common::roll::{rolling_restart_under_traffic, N};
     init_logs();
     let pki = Pki::new();
     let (cert, key) = leaf_for(&pki.ca, &["localhost"]);
@@ -322,9 +321,9 @@ async fn rolling_restart_of_a_host_named_tls_cluster(reach: Reach) {
     let ca = pki.write("ca.pem", &pki.ca.cert.pem());
     let mut cluster = Cluster::start(ClusterOpts {
         nodes: 3,
-        jetstream: false,
         publisher_node: true,
         client_tls: Some(block),
+        ..Default::default()
     })
     .await;
     let port = cluster.nodes[0].port;
@@ -340,96 +339,19 @@ async fn rolling_restart_of_a_host_named_tls_cluster(reach: Reach) {
         };
     })
     .await;
-    let disconnects = Arc::new(AtomicU64::new(0));
-    let d = disconnects.clone();
-    let client = async_nats::ConnectOptions::new()
-        .event_callback(move |ev| {
-            let d = d.clone();
-            async move {
-                if matches!(ev, async_nats::Event::Disconnected) {
-                    d.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        })
-        .connect(p.url())
-        .await
-        .unwrap();
-    let mut sub = client.subscribe("tls.roll").await.unwrap();
-    client.flush().await.unwrap();
-    let publisher = async_nats::connect(cluster.publisher.as_ref().unwrap().url())
-        .await
-        .unwrap();
-    // The subscription's interest reached the publisher's node.
-    within(T * 3, "interest on the publisher node", async {
-        loop {
-            publisher.publish("tls.roll", "p".into()).await.unwrap();
-            publisher.flush().await.unwrap();
-            if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(100), sub.next()).await
-            {
-                return;
-            }
-        }
-    })
-    .await;
-    const N: u64 = 6000;
-    let pubc = publisher.clone();
-    let publishing = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(2));
-        for n in 1..=N {
-            tick.tick().await;
-            pubc.publish("tls.roll", n.to_string().into())
-                .await
-                .unwrap();
-        }
-        pubc.flush().await.unwrap();
-    });
-    let receiving = tokio::spawn(async move {
-        let (mut got, mut gap, mut last) = (Vec::new(), Duration::ZERO, None::<std::time::Instant>);
-        while (got.len() as u64) < N {
-            let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(20), sub.next()).await
-            else {
-                break;
-            };
-            let Ok(n) = std::str::from_utf8(&m.payload).unwrap_or("").parse::<u64>() else {
-                continue;
-            };
-            if let Some(l) = last {
-                gap = gap.max(l.elapsed());
-            }
-            last = Some(std::time::Instant::now());
-            got.push(n);
-        }
-        (got, gap)
-    });
-    for i in 0..3 {
-        cluster.lame_duck(i);
-        cluster.wait_exit(i, Duration::from_secs(40)).await;
-        cluster.restart(i).await;
-    }
-    within(Duration::from_secs(60), "publisher", publishing)
-        .await
-        .unwrap();
-    let (got, gap) = within(Duration::from_secs(60), "subscriber", receiving)
-        .await
-        .unwrap();
+    let r = rolling_restart_under_traffic(&mut cluster, p.url(), "tls.roll").await;
     let migrations = p.stats.migrations.get();
     eprintln!(
-        "TLS by host name: {} of {N} received, largest gap {gap:?}, {migrations} migrations, \
-         {} client disconnects",
-        got.len(),
-        disconnects.load(Ordering::Relaxed)
+        "TLS by host name ({reach:?}): {} of {N} received, largest gap {:?}, {migrations} \
+         migrations, {} client disconnects",
+        r.got.len(),
+        r.gap,
+        r.disconnects
     );
-    let first_off = got.iter().zip(1..).position(|(g, w)| *g != w);
-    assert!(
-        got.len() as u64 == N && first_off.is_none(),
-        "every message once, in order: {} of {N}, first off at {first_off:?}",
-        got.len()
-    );
-    assert!(gap < Duration::from_secs(1), "largest gap {gap:?}");
+    r.assert_clean(Duration::from_secs(1));
     // The proxy moves only when its own node leaves (2 or 3 times in 3 restarts); its
     // first move goes to a node it learned from INFO, by IP.
     assert!(migrations >= 1, "{migrations} migrations");
-    assert_eq!(disconnects.load(Ordering::Relaxed), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

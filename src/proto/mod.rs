@@ -1,17 +1,22 @@
 //! Sans-io NATS wire layer: framing, parsing and encoding for both directions.
 //! No sockets, no clocks, no tokio: bytes in, ops out.
 
+// No clock here (clippy.toml); tests may make up times.
+#![cfg_attr(not(test), deny(clippy::disallowed_methods))]
+
 pub mod decode;
 pub mod encode;
 pub mod error;
 pub mod json;
 pub mod op;
+pub mod server_err;
 pub mod status;
 pub mod subject;
 
 pub use decode::{ClientDecoder, MsgView, ServerDecoder};
 pub use error::ProtoError;
 pub use op::{ClientOp, Message, ServerOp};
+pub use server_err::ServerErr;
 
 /// nats-server's default `max_control_line`.
 pub const MAX_CONTROL_LINE: usize = 4096;

@@ -26,7 +26,8 @@ use tokio_util::io::poll_read_buf;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::tls::{Dialer, UpStream};
+use super::dial::{DialError, Dialer};
+use super::tls::UpStream;
 use super::Stats;
 use crate::config::Config;
 use crate::metrics::{NodeLabel, ReasonLabel};
@@ -104,7 +105,7 @@ struct Upstream {
     closing: bool,
 }
 
-type DialFuture = Pin<Box<dyn Future<Output = io::Result<(UpStream, BytesMut)>> + Send>>;
+type DialFuture = Pin<Box<dyn Future<Output = Result<(UpStream, BytesMut), DialError>> + Send>>;
 
 /// What this driver last reported to the process-wide gauges and counters.
 #[derive(Default)]
@@ -119,13 +120,16 @@ struct Reported {
 enum Event {
     Shutdown,
     ClientData,
-    ClientGone,
+    /// The client closed (`None`: at a message boundary or not, it sent EOF) or its
+    /// socket failed.
+    ClientGone(Option<io::Error>),
     ClientFlushedAndClosing,
     UpstreamData(Epoch),
     /// More than `max_client_pending` bytes the client's socket would not take.
     SlowConsumer,
-    UpstreamLost(Epoch),
-    Dialed(Epoch, String, io::Result<(UpStream, BytesMut)>),
+    /// The upstream of this epoch closed (`None`: EOF) or its socket failed.
+    UpstreamLost(Epoch, Option<io::Error>),
+    Dialed(Epoch, String, Result<(UpStream, BytesMut), DialError>),
     Timer,
 }
 
@@ -146,6 +150,8 @@ struct Driver<'a> {
     reported: Reported,
     bytes_to_client: u64,
     bytes_to_upstream: u64,
+    /// The client's CONNECT name is in the span.
+    named: bool,
 }
 
 /// Serves one client until it or the session closes, or shutdown.
@@ -172,6 +178,7 @@ pub(super) async fn serve(
         reported: Reported::default(),
         bytes_to_client: 0,
         bytes_to_upstream: 0,
+        named: false,
     };
     info!("client connected");
     let started = Instant::now();
@@ -219,8 +226,19 @@ impl Driver<'_> {
                 }
                 Event::ClientData => {
                     self.session.handle_client_bytes(&mut self.client.rbuf, now);
+                    if !self.named {
+                        if let Some(n) = self.session.client_name() {
+                            // Every later line of this client's span says who it is.
+                            tracing::Span::current().record("name", n);
+                            self.named = true;
+                        }
+                    }
                 }
-                Event::ClientGone => {
+                Event::ClientGone(e) => {
+                    match &e {
+                        Some(e) => debug!(error = %e, "client connection failed"),
+                        None => debug!("client closed its connection"),
+                    }
                     self.session.handle_client_closed();
                     self.apply_actions();
                     return CloseReason::ClientGone;
@@ -243,9 +261,12 @@ impl Driver<'_> {
                     self.apply_actions();
                     return CloseReason::SlowConsumer;
                 }
-                Event::UpstreamLost(epoch) => {
+                Event::UpstreamLost(epoch, e) => {
                     if let Some(i) = self.ups.iter().position(|u| u.epoch == epoch) {
                         let u = self.ups.swap_remove(i);
+                        let why =
+                            e.map_or_else(|| "closed by the server".to_owned(), |e| e.to_string());
+                        info!(%epoch, upstream = %u.addr, error = %why, "upstream connection lost");
                         self.upstream_gone(&u);
                     }
                     self.session.handle_upstream_lost(epoch, now);
@@ -271,7 +292,7 @@ impl Driver<'_> {
                 }
                 Event::Dialed(epoch, addr, Err(e)) => {
                     self.stats.upstream_dial_failures.inc();
-                    warn!(%epoch, upstream = %addr, error = %e, "upstream dial failed");
+                    warn!(%epoch, upstream = %addr, stage = %e.stage, error = %e, "upstream dial failed");
                     self.session.handle_upstream_lost(epoch, now);
                 }
                 Event::Timer => {
@@ -426,8 +447,7 @@ impl Driver<'_> {
         }
         // Writes first: they free buffer space and never produce input.
         if let Poll::Ready(Err(e)) = self.client.poll_flush_buf(cx) {
-            debug!(error = %e, "client write failed");
-            return Poll::Ready(Event::ClientGone);
+            return Poll::Ready(Event::ClientGone(Some(e)));
         }
         // What the client's socket would not take now is its pending data; past the bound
         // it is a slow consumer (nats-server's rule), however fast it is read otherwise.
@@ -441,7 +461,7 @@ impl Driver<'_> {
         while i < self.ups.len() {
             let u = &mut self.ups[i];
             match u.conn.poll_flush_buf(cx) {
-                Poll::Ready(Err(_)) => return Poll::Ready(Event::UpstreamLost(u.epoch)),
+                Poll::Ready(Err(e)) => return Poll::Ready(Event::UpstreamLost(u.epoch, Some(e))),
                 Poll::Ready(Ok(())) if u.closing => {
                     let u = self.ups.swap_remove(i);
                     self.upstream_gone(&u);
@@ -487,7 +507,8 @@ impl Driver<'_> {
             return Poll::Pending;
         }
         match self.client.poll_read(cx) {
-            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => Poll::Ready(Event::ClientGone),
+            Poll::Ready(Ok(0)) => Poll::Ready(Event::ClientGone(None)),
+            Poll::Ready(Err(e)) => Poll::Ready(Event::ClientGone(Some(e))),
             Poll::Ready(Ok(_)) => Poll::Ready(Event::ClientData),
             Poll::Pending => Poll::Pending,
         }
@@ -496,9 +517,8 @@ impl Driver<'_> {
     fn poll_upstream_reads(&mut self, cx: &mut Context<'_>) -> Poll<Event> {
         for u in self.ups.iter_mut().filter(|u| !u.closing) {
             match u.conn.poll_read(cx) {
-                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
-                    return Poll::Ready(Event::UpstreamLost(u.epoch))
-                }
+                Poll::Ready(Ok(0)) => return Poll::Ready(Event::UpstreamLost(u.epoch, None)),
+                Poll::Ready(Err(e)) => return Poll::Ready(Event::UpstreamLost(u.epoch, Some(e))),
                 Poll::Ready(Ok(_)) => return Poll::Ready(Event::UpstreamData(u.epoch)),
                 Poll::Pending => {}
             }

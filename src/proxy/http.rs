@@ -10,7 +10,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::tls::Dialer;
+use super::dial::Dialer;
 use super::Stats;
 
 /// Largest request head read.

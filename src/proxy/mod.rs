@@ -1,6 +1,7 @@
 //! The tokio shell: listener, accept loop with a connection cap, per-client drivers,
 //! graceful shutdown.
 
+pub mod dial;
 mod driver;
 pub mod http;
 pub mod tls;
@@ -51,7 +52,7 @@ impl StartError {
 
 /// Loads every TLS file the configuration names, as start-up would (`check-config`).
 pub fn check_files(cfg: &Config) -> Result<(), StartError> {
-    tls::Dialer::new(cfg.upstream_tls.clone(), &cfg.upstreams)
+    dial::Dialer::new(cfg.upstream_tls.clone(), &cfg.upstreams)
         .map(drop)
         .map_err(StartError::Tls)
 }
@@ -61,7 +62,7 @@ pub struct Proxy {
     listener: TcpListener,
     metrics: Option<TcpListener>,
     cfg: Arc<Config>,
-    dialer: Arc<tls::Dialer>,
+    dialer: Arc<dial::Dialer>,
     stats: Arc<Stats>,
 }
 
@@ -69,7 +70,7 @@ impl Proxy {
     /// Binds the listen address. Fails early on TLS files that do not load.
     pub async fn bind(cfg: Config) -> Result<Proxy, StartError> {
         let dialer =
-            tls::Dialer::new(cfg.upstream_tls.clone(), &cfg.upstreams).map_err(StartError::Tls)?;
+            dial::Dialer::new(cfg.upstream_tls.clone(), &cfg.upstreams).map_err(StartError::Tls)?;
         let listener =
             TcpListener::bind(cfg.listen)
                 .await
@@ -165,7 +166,8 @@ impl Proxy {
             let dialer = self.dialer.clone();
             let stats = self.stats.clone();
             let token = hard.child_token();
-            let span = tracing::info_span!("client", conn = conn_id, %peer);
+            let span =
+                tracing::info_span!("client", conn = conn_id, %peer, name = tracing::field::Empty);
             tracker.spawn(
                 async move {
                     stats.clients_active.inc();

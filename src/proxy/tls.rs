@@ -1,17 +1,12 @@
-//! Dialing upstream nodes, in cleartext or TLS (rustls with ring; no OpenSSL).
+//! Upstream TLS: the client configuration (rustls with ring; no OpenSSL), re-read when its
+//! files change, the handshake, and the stream type that is either cleartext or TLS.
+//! Which node gets TLS, and when in the exchange, is the dialer's business (`dial.rs`).
 //!
-//! NATS starts in cleartext: the server sends INFO, then, if it asks for TLS
-//! (`tls_required`), the client does the handshake and only then sends CONNECT. A server
-//! with `tls { handshake_first: true }` instead waits for the ClientHello before its
-//! INFO; nothing on the wire tells, so that is per-upstream configuration (`?tls_first`).
-//! The dialer does all of this before the session sees the link: it hands the session the
-//! INFO it read (or the stream, for tls_first), so the sans-io core never knows about TLS.
-//!
-//! Verification is on by default: the server name is the URL's host (DNS name or IP
-//! address), the roots are `--upstream-tls-ca` or the system's. The CA, certificate and key
-//! files are checked for changes (modification time and size) at each dial and re-read
-//! when they changed; open connections keep the session they negotiated. A change that
-//! does not load (a half-written file) is logged and the previous configuration kept.
+//! Verification is on by default; the roots are `--upstream-tls-ca` or the system's. The CA,
+//! certificate and key files are checked for changes (modification time and size) at each
+//! dial and re-read when they changed; open connections keep the session they negotiated. A
+//! change that does not load (a half-written file) is logged and the previous configuration
+//! kept.
 
 use std::io;
 use std::net::IpAddr;
@@ -19,23 +14,18 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use bytes::BytesMut;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tracing::{info, warn};
 
-use crate::config::{UpstreamTls, UpstreamUrl};
-use crate::proto::json::ServerInfo;
-
-/// Bound of the INFO line read before TLS (nats-server's INFO is a few KiB).
-const MAX_INFO_LINE: usize = 64 * 1024;
+use crate::config::UpstreamTls;
 
 /// An upstream connection, cleartext or TLS.
 pub enum UpStream {
@@ -83,15 +73,6 @@ impl AsyncWrite for UpStream {
     }
 }
 
-/// How to reach one node.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Plan {
-    /// Refuse the node unless the connection is TLS.
-    pub require_tls: bool,
-    /// TLS before INFO.
-    pub tls_first: bool,
-}
-
 /// Modification time and size of a file, to notice a change.
 type Stamp = Option<(SystemTime, u64)>;
 
@@ -105,42 +86,30 @@ struct Loaded {
     config: Arc<ClientConfig>,
 }
 
-/// Dials upstream nodes with the proxy's TLS settings; shared by all clients.
-pub struct Dialer {
+/// The TLS client configuration built from the proxy's settings, re-read when its files
+/// change; shared by all clients.
+pub struct TlsFiles {
     tls: UpstreamTls,
-    /// Per configured `host:port`: its URL's TLS settings. Learned nodes use the defaults.
-    plans: Vec<(String, Plan)>,
     loaded: Mutex<Option<Loaded>>,
 }
 
-impl Dialer {
-    /// Loads the TLS files once, so that a wrong path fails at start-up.
-    pub fn new(tls: UpstreamTls, upstreams: &[UpstreamUrl]) -> Result<Dialer, String> {
-        let plans = upstreams
-            .iter()
-            .map(|u| {
-                let plan = Plan {
-                    require_tls: u.tls || tls.required,
-                    tls_first: u.tls_first,
-                };
-                (u.addr.clone(), plan)
-            })
-            .collect();
-        let d = Dialer {
-            tls,
-            plans,
-            loaded: Mutex::new(None),
-        };
-        if d.tls.insecure_skip_verify {
+impl TlsFiles {
+    pub fn new(tls: UpstreamTls) -> TlsFiles {
+        if tls.insecure_skip_verify {
             warn!("--upstream-tls-insecure-skip-verify: upstream TLS certificates are NOT verified; anyone in the path can read and change the traffic");
         }
-        if d.uses_files() || d.plans.iter().any(|p| p.1.require_tls) {
-            d.client_config()?;
+        TlsFiles {
+            tls,
+            loaded: Mutex::new(None),
         }
-        Ok(d)
     }
 
-    fn uses_files(&self) -> bool {
+    pub fn settings(&self) -> &UpstreamTls {
+        &self.tls
+    }
+
+    /// True when a CA or client certificate is configured (then they load at start-up).
+    pub fn uses_files(&self) -> bool {
         self.tls.ca.is_some() || self.tls.cert.is_some()
     }
 
@@ -149,19 +118,6 @@ impl Dialer {
             .into_iter()
             .flatten()
             .collect()
-    }
-
-    /// The plan for `addr`: its URL's, or for a node learned from the cluster, TLS only
-    /// if required everywhere (or asked for by the node itself).
-    pub fn plan(&self, addr: &str) -> Plan {
-        self.plans
-            .iter()
-            .find(|(a, _)| a == addr)
-            .map(|p| p.1)
-            .unwrap_or(Plan {
-                require_tls: self.tls.required,
-                tls_first: false,
-            })
     }
 
     /// The current TLS client configuration, re-read if its files changed.
@@ -195,114 +151,27 @@ impl Dialer {
         }
     }
 
-    /// Connects to `addr`, negotiates TLS as planned or as the server asks, and returns
-    /// the stream with what was read from it (the INFO line, when read before TLS).
-    pub async fn dial(&self, addr: &str, timeout: Duration) -> io::Result<(UpStream, BytesMut)> {
-        let plan = self.plan(addr);
-        let fut = async {
-            let tcp = TcpStream::connect(addr).await?;
-            let _ = tcp.set_nodelay(true);
-            if plan.tls_first {
-                let tls = self.handshake(addr, tcp).await?;
-                return Ok((tls, BytesMut::new()));
-            }
-            let (tcp, line) = read_info_line(tcp).await?;
-            let info = parse_info(&line)?;
-            if info.0 || (plan.require_tls && info.1) {
-                let tls = self.handshake(addr, tcp).await?;
-                return Ok((tls, line));
-            }
-            if plan.require_tls {
-                return Err(io::Error::other(format!(
-                    "{addr} offers no TLS but the upstream is tls:// (or --upstream-tls)"
-                )));
-            }
-            Ok((UpStream::Plain(tcp), line))
-        };
-        match tokio::time::timeout(timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("{addr}: no connection, INFO or TLS handshake within {timeout:?}"),
-            )),
-        }
-    }
-
-    /// The name `addr`'s certificate is verified against: `--upstream-tls-server-name`;
-    /// else a configured URL's own host; else (a node learned from the cluster's INFO,
-    /// announced by IP) the first configured host that is a name, as nats.go verifies
-    /// implicit servers against the host of the URL it was given.
-    pub fn verify_name<'a>(&'a self, addr: &'a str) -> &'a str {
-        if let Some(n) = &self.tls.server_name {
-            return n;
-        }
-        let host = host_of(addr);
-        if self.plans.iter().any(|(a, _)| a == addr) {
-            return host;
-        }
-        self.plans
-            .iter()
-            .map(|(a, _)| host_of(a))
-            .find(|h| h.parse::<IpAddr>().is_err())
-            .unwrap_or(host)
-    }
-
-    async fn handshake(&self, addr: &str, tcp: TcpStream) -> io::Result<UpStream> {
+    /// The TLS handshake on `tcp`, the certificate verified for `name` (a DNS name or an
+    /// IP address).
+    pub async fn handshake(&self, name: &str, tcp: TcpStream) -> io::Result<UpStream> {
         let config = self.client_config().map_err(io::Error::other)?;
-        let checked = self.verify_name(addr);
-        let name = match checked.parse::<IpAddr>() {
+        let server_name = match name.parse::<IpAddr>() {
             Ok(ip) => ServerName::IpAddress(ip.into()),
-            Err(_) => ServerName::try_from(checked.to_owned())
-                .map_err(|e| io::Error::other(format!("{checked}: not a TLS server name: {e}")))?,
+            Err(_) => ServerName::try_from(name.to_owned()).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("`{name}` is not a TLS server name: {e}"),
+                )
+            })?,
         };
         let s = TlsConnector::from(config)
-            .connect(name, tcp)
+            .connect(server_name, tcp)
             .await
             .map_err(|e| {
-                io::Error::other(format!(
-                    "TLS handshake with {addr} (certificate checked for `{checked}`): {e}"
-                ))
+                io::Error::new(e.kind(), format!("certificate checked for `{name}`: {e}"))
             })?;
         Ok(UpStream::Tls(Box::new(s)))
     }
-}
-
-/// Reads up to and including the first line (the server's INFO).
-async fn read_info_line(mut tcp: TcpStream) -> io::Result<(TcpStream, BytesMut)> {
-    let mut buf = BytesMut::with_capacity(4096);
-    loop {
-        if let Some(i) = memchr::memchr(b'\n', &buf) {
-            if i + 1 != buf.len() {
-                // A server says nothing after INFO until the client's CONNECT.
-                return Err(io::Error::other("unexpected bytes after the server's INFO"));
-            }
-            return Ok((tcp, buf));
-        }
-        if buf.len() > MAX_INFO_LINE {
-            return Err(io::Error::other("server INFO line too long"));
-        }
-        buf.reserve(4096);
-        if tcp.read_buf(&mut buf).await? == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-    }
-}
-
-/// (tls_required, tls_available) of an INFO line.
-fn parse_info(line: &[u8]) -> io::Result<(bool, bool)> {
-    let bad = || io::Error::other("the server's first line is not an INFO");
-    let json = line
-        .get(..5)
-        .filter(|v| v.eq_ignore_ascii_case(b"INFO ") || v.eq_ignore_ascii_case(b"INFO\t"))
-        .map(|_| line[5..].trim_ascii())
-        .ok_or_else(bad)?;
-    let info = ServerInfo::parse(json).ok_or_else(bad)?;
-    let available = info
-        .raw
-        .get("tls_available")
-        .and_then(serde_json::Value::as_bool)
-        .unwrap_or(false);
-    Ok((info.tls_required, available))
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -310,14 +179,6 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 /// Builds the client configuration from the files.
-/// The host of `host:port` (`[v6]:port` without brackets).
-fn host_of(addr: &str) -> &str {
-    addr.rsplit_once(':')
-        .map_or(addr, |(h, _)| h)
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-}
-
 fn build(t: &UpstreamTls) -> Result<ClientConfig, String> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()

@@ -46,6 +46,9 @@
 //! at once past `CONFIRM_BYTES` (64 KiB), so a request/reply client does not pay a PING per
 //! request. A link that dies takes at most that window of publishes to be written again.
 
+// No clock here (clippy.toml): `now` comes with every event. Tests may make up times.
+#![cfg_attr(not(test), deny(clippy::disallowed_methods))]
+
 pub mod action;
 pub mod dedup;
 pub mod jetstream;
@@ -59,9 +62,10 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
-use crate::proto::json::{ClientAuth, ClientOptions, Credentials, NkeySeed, ServerInfo};
+use crate::auth::{ClientAuth, Credentials, NkeySeed};
+use crate::proto::json::{ClientOptions, ServerInfo};
 use crate::proto::{
-    encode, subject, ClientDecoder, ClientOp, Limits, Message, ProtoError, ServerOp,
+    encode, subject, ClientDecoder, ClientOp, Limits, Message, ProtoError, ServerErr, ServerOp,
 };
 pub use action::{Action, CloseReason, Epoch};
 use dedup::Dedup;
@@ -82,6 +86,12 @@ pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(2);
 pub const DEFAULT_MAX_BACKLOG: usize = 8 * 1024 * 1024;
 /// Default time the new link's subscriptions get to propagate before the old link's go.
 pub const DEFAULT_SETTLE: Duration = Duration::from_millis(250);
+/// Default window over which the sessions of one proxy spread their dials to a new node
+/// when their node goes lame duck (each waits a random part of it): 1,000 clients of a
+/// shared proxy do not dial the remaining nodes in the same millisecond. nats-server
+/// starts closing lame-duck clients after its grace period (10 s by default), so this
+/// stays well inside it.
+pub const DEFAULT_MIGRATION_SPREAD: Duration = Duration::from_millis(250);
 /// Default time without any upstream before the client is closed.
 pub const DEFAULT_MAX_OUTAGE: Duration = Duration::from_secs(120);
 /// First reconnect delay after the immediate attempt.
@@ -110,6 +120,8 @@ pub struct SessionConfig {
     pub settle: Duration,
     /// Time without any upstream before the client is closed with `-ERR`.
     pub max_outage: Duration,
+    /// A lame-duck migration dials after a random delay below this (zero: at once).
+    pub migration_spread: Duration,
     pub backoff_min: Duration,
     pub backoff_max: Duration,
     /// Bound of the overlap de-duplication memory (fingerprints).
@@ -132,6 +144,7 @@ impl Default for SessionConfig {
             max_backlog: DEFAULT_MAX_BACKLOG,
             settle: DEFAULT_SETTLE,
             max_outage: DEFAULT_MAX_OUTAGE,
+            migration_spread: DEFAULT_MIGRATION_SPREAD,
             backoff_min: DEFAULT_BACKOFF_MIN,
             backoff_max: DEFAULT_BACKOFF_MAX,
             max_dedup_entries: dedup::DEFAULT_MAX_ENTRIES,
@@ -412,6 +425,11 @@ impl Session {
     /// Counters so far.
     pub fn stats(&self) -> &SessionStats {
         &self.stats
+    }
+
+    /// The name the client gave in its CONNECT, once it has.
+    pub fn client_name(&self) -> Option<&str> {
+        self.opts.name.as_deref()
     }
 
     /// The address of the current primary upstream, if any.
@@ -941,9 +959,9 @@ impl Session {
                 warn!(%epoch, upstream = %addr, err = %String::from_utf8_lossy(&text), "upstream -ERR");
                 // Only the primary's errors concern the client; a dying link's
                 // 'Stale Connection' is the proxy's business.
-                let connection_level = text.windows(5).any(|w| w == b"Stale");
+                let class = ServerErr::classify(&text);
                 let rejected = self.link(role).is_some_and(|l| !l.accepted)
-                    && text.windows(13).any(|w| w == b"Authorization");
+                    && class == ServerErr::Authorization;
                 if rejected && role == Role::Primary {
                     // The server refused our CONNECT (the client's credentials, or the
                     // proxy's): exactly what the client would have been told directly.
@@ -951,7 +969,7 @@ impl Session {
                     self.send_client(line.into());
                     return self.close_client(CloseReason::UpstreamLost);
                 }
-                if role == Role::Primary && !connection_level {
+                if role == Role::Primary && class != ServerErr::StaleConnection {
                     let line = [b"-ERR ", &text[..], b"\r\n"].concat();
                     self.send_client(line.into());
                 }
@@ -969,10 +987,23 @@ impl Session {
         let now = self.now;
         let Some(l) = self.link_mut(role) else { return };
         if l.state == LinkState::AwaitInfo {
-            l.state = LinkState::AwaitClientConnect;
             let addr = l.addr.clone();
+            self.pool.identify(&addr, &info.server_id);
+            if role == Role::Standby && self.pool.is_leaving(&info.server_id, now) {
+                // The leaving node under another name (or again behind a balancer):
+                // never move onto it. The pool now knows the name; try the next one.
+                info!(%epoch, upstream = %addr, server_id = %info.server_id,
+                    "dialled the node that is leaving under another address; dialling another");
+                if let Some(s) = self.standby.take() {
+                    self.actions.push_back(Action::CloseUpstream(s.epoch));
+                }
+                self.standby_gone();
+                return self.schedule_dial();
+            }
+            let Some(l) = self.link_mut(role) else { return };
+            l.state = LinkState::AwaitClientConnect;
             l.info = Some(info);
-            self.pool.mark_ok(&addr, now);
+            self.pool.mark_ok(&addr);
             if self.client_state == ClientState::NoInfo {
                 self.send_client_info(role);
             }
@@ -1128,7 +1159,13 @@ impl Session {
                         self.cfg.max_hold_bytes,
                     ));
                 }
-                self.start_dial();
+                // The old link still works: spread the proxy's dials (`migration_spread`).
+                let spread = self.cfg.migration_spread.mul_f64(self.rng.f64());
+                if spread.is_zero() {
+                    self.start_dial();
+                } else {
+                    self.dial_at = Some(now + spread);
+                }
             }
             // Already moving; a new migration starts when this one completes.
             Role::Primary => {}

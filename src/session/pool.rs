@@ -1,6 +1,13 @@
 //! Which upstream node to dial next: the configured addresses plus those learned from the
 //! cluster's INFO `connect_urls`, never a node in lame duck mode, skipping nodes that just
 //! failed. Pure: no I/O, time is a parameter.
+//!
+//! A node is who it says it is: once a link to an address has read the server's INFO, the
+//! address is known to be that `server_id`, and avoiding a node (lame duck, failure) avoids
+//! every address known to be it. `localhost:4222` configured and `127.0.0.1:4222` learned
+//! are one node. `server_id` is new at each start of nats-server, so a restarted node is a
+//! new node; `server_name` is not, and is not used here. An address behind which the node
+//! changes (a Service's balancer) is the node it was last seen to be.
 
 use std::time::{Duration, Instant};
 
@@ -8,20 +15,46 @@ use std::time::{Duration, Instant};
 pub const LDM_AVOID: Duration = Duration::from_secs(30);
 /// How long a node whose dial or link just failed is avoided.
 pub const FAILED_AVOID: Duration = Duration::from_secs(5);
-/// Bound on remembered nodes (configured ones are never dropped).
+/// Bound on remembered nodes (configured ones are never dropped), and on identities.
 pub const MAX_NODES: usize = 64;
+
+/// Why a node (address or identity) is avoided, and until when.
+#[derive(Debug, Clone, Copy, Default)]
+struct Avoid {
+    ldm_until: Option<Instant>,
+    failed_until: Option<Instant>,
+}
+
+impl Avoid {
+    fn until(&self, now: Instant) -> Option<Instant> {
+        [self.ldm_until, self.failed_until]
+            .into_iter()
+            .flatten()
+            .filter(|u| *u > now)
+            .max()
+    }
+}
+
+fn later(a: Option<Instant>, b: Instant) -> Option<Instant> {
+    Some(a.map_or(b, |a| a.max(b)))
+}
 
 #[derive(Debug, Clone)]
 struct Node {
     addr: String,
     configured: bool,
-    avoid_until: Option<Instant>,
+    /// Avoidance by address: a dial failed (no identity is known for a dial that failed).
+    avoid: Avoid,
+    /// The `server_id` the last link to this address read in the INFO.
+    server_id: Option<String>,
 }
 
 /// The known nodes, in order of preference (configured first, then discovered).
 #[derive(Debug, Clone)]
 pub struct NodePool {
     nodes: Vec<Node>,
+    /// Avoidance by identity (`server_id`), oldest first.
+    servers: Vec<(String, Avoid)>,
     /// Index after the one picked last (round robin).
     cursor: usize,
 }
@@ -35,9 +68,11 @@ impl NodePool {
                 .map(|a| Node {
                     addr: a.clone(),
                     configured: true,
-                    avoid_until: None,
+                    avoid: Avoid::default(),
+                    server_id: None,
                 })
                 .collect(),
+            servers: Vec::new(),
             cursor: 0,
         }
     }
@@ -60,56 +95,122 @@ impl NodePool {
             self.nodes.push(Node {
                 addr: addr.to_owned(),
                 configured: false,
-                avoid_until: None,
+                avoid: Avoid::default(),
+                server_id: None,
             });
         }
     }
 
-    fn avoid(&mut self, addr: &str, until: Instant) {
+    /// A link to `addr` read this `server_id` in the server's INFO.
+    pub fn identify(&mut self, addr: &str, server_id: &str) {
+        if server_id.is_empty() {
+            return;
+        }
         if let Some(n) = self.nodes.iter_mut().find(|n| n.addr == addr) {
-            n.avoid_until = Some(n.avoid_until.map_or(until, |u| u.max(until)));
+            n.server_id = Some(server_id.to_owned());
         }
     }
 
-    /// The node announced lame duck mode.
+    /// True when the node `server_id` announced lame duck mode (under any address).
+    pub fn is_leaving(&self, server_id: &str, now: Instant) -> bool {
+        self.servers
+            .iter()
+            .any(|(id, a)| id == server_id && a.ldm_until.is_some_and(|u| u > now))
+    }
+
+    fn server_mut(&mut self, id: &str) -> &mut Avoid {
+        if let Some(i) = self.servers.iter().position(|(s, _)| s == id) {
+            return &mut self.servers[i].1;
+        }
+        if self.servers.len() >= MAX_NODES {
+            self.servers.remove(0);
+        }
+        self.servers.push((id.to_owned(), Avoid::default()));
+        &mut self.servers.last_mut().expect("just pushed").1
+    }
+
+    fn id_of(&self, addr: &str) -> Option<String> {
+        self.nodes
+            .iter()
+            .find(|n| n.addr == addr)
+            .and_then(|n| n.server_id.clone())
+    }
+
+    /// The node at `addr` announced lame duck mode.
     pub fn mark_ldm(&mut self, addr: &str, now: Instant) {
-        self.avoid(addr, now + LDM_AVOID);
-    }
-
-    /// A dial to, or a link with, the node failed.
-    pub fn mark_failed(&mut self, addr: &str, now: Instant) {
-        self.avoid(addr, now + FAILED_AVOID);
-    }
-
-    /// The node answered: stop avoiding it for failures (lame duck avoidance stays).
-    pub fn mark_ok(&mut self, addr: &str, now: Instant) {
-        if let Some(n) = self.nodes.iter_mut().find(|n| n.addr == addr) {
-            if n.avoid_until.is_some_and(|u| u <= now + FAILED_AVOID) {
-                n.avoid_until = None;
+        let until = now + LDM_AVOID;
+        match self.id_of(addr) {
+            Some(id) => {
+                let a = self.server_mut(&id);
+                a.ldm_until = later(a.ldm_until, until);
+            }
+            None => {
+                if let Some(n) = self.nodes.iter_mut().find(|n| n.addr == addr) {
+                    n.avoid.ldm_until = later(n.avoid.ldm_until, until);
+                }
             }
         }
     }
 
-    /// The next node to dial, never `exclude` unless it is the only one: round robin over
-    /// nodes not being avoided; if all are avoided, the one whose avoidance ends first.
+    /// A dial to, or a link with, the node at `addr` failed.
+    pub fn mark_failed(&mut self, addr: &str, now: Instant) {
+        let until = now + FAILED_AVOID;
+        if let Some(n) = self.nodes.iter_mut().find(|n| n.addr == addr) {
+            n.avoid.failed_until = later(n.avoid.failed_until, until);
+        }
+        if let Some(id) = self.id_of(addr) {
+            let a = self.server_mut(&id);
+            a.failed_until = later(a.failed_until, until);
+        }
+    }
+
+    /// The node at `addr` answered: stop avoiding it for failures (lame duck avoidance
+    /// stays).
+    pub fn mark_ok(&mut self, addr: &str) {
+        if let Some(n) = self.nodes.iter_mut().find(|n| n.addr == addr) {
+            n.avoid.failed_until = None;
+        }
+        if let Some(id) = self.id_of(addr) {
+            self.server_mut(&id).failed_until = None;
+        }
+    }
+
+    /// Until when node `i` is avoided, by its address or its identity.
+    fn avoided_until(&self, i: usize, now: Instant) -> Option<Instant> {
+        let n = &self.nodes[i];
+        let by_id = n.server_id.as_ref().and_then(|id| {
+            self.servers
+                .iter()
+                .find(|(s, _)| s == id)
+                .and_then(|(_, a)| a.until(now))
+        });
+        n.avoid.until(now).into_iter().chain(by_id).max()
+    }
+
+    /// The next node to dial, never `exclude` (nor another address of the same node)
+    /// unless nothing else is known: round robin over nodes not being avoided; if all are
+    /// avoided, the one whose avoidance ends first.
     pub fn pick(&mut self, exclude: Option<&str>, now: Instant) -> Option<String> {
         let len = self.nodes.len();
-        let candidates = (0..len).map(|k| (self.cursor + k) % len);
+        let excluded_id = exclude.and_then(|a| self.id_of(a));
+        let is_excluded = |n: &Node| {
+            exclude == Some(n.addr.as_str()) || excluded_id.is_some() && n.server_id == excluded_id
+        };
+        let others = self.nodes.iter().filter(|n| !is_excluded(n)).count();
         let mut best_avoided: Option<(usize, Instant)> = None;
-        for i in candidates {
-            let n = &self.nodes[i];
-            if exclude == Some(n.addr.as_str()) && len > 1 {
+        for i in (0..len).map(|k| (self.cursor + k) % len) {
+            if others > 0 && is_excluded(&self.nodes[i]) {
                 continue;
             }
-            match n.avoid_until {
-                Some(u) if u > now => {
+            match self.avoided_until(i, now) {
+                Some(u) => {
                     if best_avoided.is_none_or(|(_, b)| u < b) {
                         best_avoided = Some((i, u));
                     }
                 }
-                _ => {
+                None => {
                     self.cursor = (i + 1) % len;
-                    return Some(n.addr.clone());
+                    return Some(self.nodes[i].addr.clone());
                 }
             }
         }
@@ -159,5 +260,67 @@ mod tests {
         let mut p = NodePool::new(&["a:1".into()]);
         p.mark_ldm("a:1", now);
         assert_eq!(p.pick(Some("a:1"), now).as_deref(), Some("a:1"));
+    }
+
+    #[test]
+    fn one_node_under_two_names_is_avoided_under_both() {
+        let now = Instant::now();
+        let mut p = NodePool::new(&["localhost:4222".into()]);
+        p.identify("localhost:4222", "N1");
+        p.learn(&["127.0.0.1:4222".into(), "127.0.0.1:4223".into()]);
+        // The learned twin was dialled once and turned out to be N1 too.
+        p.identify("127.0.0.1:4222", "N1");
+        p.identify("127.0.0.1:4223", "N2");
+        p.mark_ldm("localhost:4222", now);
+        assert!(p.is_leaving("N1", now));
+        assert!(!p.is_leaving("N2", now));
+        for _ in 0..4 {
+            assert_eq!(
+                p.pick(Some("localhost:4222"), now).as_deref(),
+                Some("127.0.0.1:4223")
+            );
+        }
+        // Excluded by identity even when not avoided (a failure elsewhere).
+        let mut q = NodePool::new(&["localhost:4222".into(), "127.0.0.1:4222".into()]);
+        q.identify("localhost:4222", "N1");
+        q.identify("127.0.0.1:4222", "N1");
+        q.learn(&["127.0.0.1:4223".into()]);
+        assert_eq!(
+            q.pick(Some("localhost:4222"), now).as_deref(),
+            Some("127.0.0.1:4223")
+        );
+        // A link failure avoids the node under every name; an answer ends it.
+        q.mark_failed("127.0.0.1:4222", now);
+        assert!(q.avoided_until(0, now).is_some());
+        q.mark_ok("localhost:4222");
+        assert!(q.avoided_until(0, now).is_none());
+        assert!(
+            q.avoided_until(1, now).is_some(),
+            "the address's own dial failure stays"
+        );
+    }
+
+    #[test]
+    fn a_restarted_node_is_a_new_node() {
+        let now = Instant::now();
+        let mut p = NodePool::new(&["a:1".into(), "b:2".into()]);
+        p.identify("a:1", "old");
+        p.mark_ldm("a:1", now);
+        // a:1 came back as a new process: the next link reads a new server_id.
+        p.identify("a:1", "new");
+        assert!(p.is_leaving("old", now));
+        assert!(!p.is_leaving("new", now));
+        assert_eq!(p.avoided_until(0, now), None);
+    }
+
+    #[test]
+    fn identities_are_bounded() {
+        let now = Instant::now();
+        let mut p = NodePool::new(&["a:1".into()]);
+        for i in 0..(MAX_NODES * 2) {
+            p.identify("a:1", &format!("S{i}"));
+            p.mark_ldm("a:1", now);
+        }
+        assert_eq!(p.servers.len(), MAX_NODES);
     }
 }

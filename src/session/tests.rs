@@ -11,8 +11,13 @@ struct H {
 impl H {
     fn new() -> H {
         let now = Instant::now();
+        // Dials at the lame duck at once; `migration_spread` has its own test.
+        let cfg = SessionConfig {
+            migration_spread: Duration::ZERO,
+            ..SessionConfig::default()
+        };
         H {
-            s: Session::new(SessionConfig::default(), now),
+            s: Session::new(cfg, now),
             now,
         }
     }
@@ -699,4 +704,88 @@ fn a_short_pull_lost_without_a_status_is_placed_again_before_it_expires() {
     }
     let placed = placed.expect("placed again before the client's 990 ms ran out");
     assert!(placed <= Duration::from_millis(600), "{placed:?}");
+}
+
+#[test]
+fn the_leaving_node_under_another_name_is_never_moved_onto() {
+    let mut h = H::new();
+    h.actions();
+    h.s.handle_upstream_connected(Epoch(1), h.now);
+    // The node announces itself also as `twin:1` (e.g. `localhost` vs `127.0.0.1`).
+    h.upstream(
+        1,
+        b"INFO {\"server_id\":\"S\",\"connect_urls\":[\"twin:1\",\"x:1\"]} \r\n",
+    );
+    h.client(b"CONNECT {\"verbose\":false}\r\nSUB foo 1\r\n");
+    h.upstream(1, b"PONG\r\nPONG\r\n");
+    let a = h.upstream(1, b"INFO {\"server_id\":\"S\",\"ldm\":true} \r\n");
+    let (e2, addr) = dial_of(&a).expect("dial");
+    assert_eq!(addr, "twin:1", "not known yet to be the same node");
+    h.s.handle_upstream_connected(e2, h.now);
+    let a = h.upstream(e2.0, b"INFO {\"server_id\":\"S\"} \r\n");
+    assert!(a.contains(&Action::CloseUpstream(e2)), "{a:?}");
+    assert_eq!(to_upstream(&a), b"", "no CONNECT to the leaving node");
+    assert!(dial_of(&a).is_none(), "the next dial waits a backoff");
+    h.now = h.s.poll_timeout().unwrap();
+    h.s.handle_timeout(h.now);
+    let a = h.actions();
+    let (e3, addr) = dial_of(&a).expect("dial after the backoff");
+    assert_eq!(addr, "x:1");
+    h.s.handle_upstream_connected(e3, h.now);
+    let up = String::from_utf8(to_upstream(&h.upstream(e3.0, INFO_B))).unwrap();
+    assert!(
+        up.starts_with("CONNECT ") && up.contains("SUB foo 1\r\n"),
+        "{up}"
+    );
+    // Still migrating from S, and twin:1 is never dialled again while S is leaving.
+    assert!(h.s.migrating());
+    let mut pool = h.s.pool.clone();
+    for _ in 0..3 {
+        assert_eq!(
+            pool.pick(Some("127.0.0.1:4222"), h.now).as_deref(),
+            Some("x:1")
+        );
+    }
+}
+
+#[test]
+fn lame_duck_dials_are_spread_over_the_migration_spread() {
+    let mut delays = Vec::new();
+    for seed in 0..50 {
+        let now = Instant::now();
+        let cfg = SessionConfig {
+            seed,
+            ..SessionConfig::default()
+        };
+        let mut h = H {
+            s: Session::new(cfg, now),
+            now,
+        };
+        h.actions();
+        h.s.handle_upstream_connected(Epoch(1), h.now);
+        h.upstream(
+            1,
+            b"INFO {\"server_id\":\"S\",\"connect_urls\":[\"x:1\"]} \r\n",
+        );
+        h.client(b"CONNECT {\"verbose\":false}\r\n");
+        h.upstream(1, b"PONG\r\nPONG\r\n");
+        let a = h.upstream(1, b"INFO {\"server_id\":\"S\",\"ldm\":true} \r\n");
+        assert!(
+            dial_of(&a).is_none(),
+            "the dial waits its share of the spread"
+        );
+        let at = h.s.poll_timeout().unwrap();
+        let delay = at - h.now;
+        assert!(delay < DEFAULT_MIGRATION_SPREAD, "{delay:?}");
+        h.now = at;
+        h.s.handle_timeout(h.now);
+        assert_eq!(dial_of(&h.actions()).map(|d| d.1).as_deref(), Some("x:1"));
+        delays.push(delay);
+    }
+    delays.sort();
+    // Spread over the window, not bunched (50 sessions: quartiles far apart).
+    assert!(
+        delays[37] - delays[12] > DEFAULT_MIGRATION_SPREAD / 4,
+        "{delays:?}"
+    );
 }

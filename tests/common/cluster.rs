@@ -69,6 +69,12 @@ pub struct ClusterOpts {
     pub publisher_node: bool,
     /// A `tls { }` block for the client port of the cluster's nodes (not the publisher's).
     pub client_tls: Option<String>,
+    /// No node advertises its client URL (no `connect_urls`): reached through one address.
+    pub no_advertise: bool,
+    /// `lame_duck_grace_period` (default 1 s: a node exits 2-5 s after SIGUSR2). The time
+    /// before a lame-duck node starts closing its clients; nats-server's own default is
+    /// 10 s.
+    pub lame_duck_grace: Option<Duration>,
 }
 
 /// One cluster at a time per test binary: clusters are heavy for 2 cores, and free-port
@@ -106,7 +112,10 @@ impl Cluster {
             let http = free_port();
             let mut conf = format!(
                 "server_name: {name}\nlisten: \"127.0.0.1:{port}\"\nhttp: \"127.0.0.1:{http}\"\n\
-                 lame_duck_duration: \"30s\"\nlame_duck_grace_period: \"1s\"\n"
+                 lame_duck_duration: \"30s\"\nlame_duck_grace_period: \"{}ms\"\n",
+                opts.lame_duck_grace
+                    .unwrap_or(Duration::from_secs(1))
+                    .as_millis()
             );
             if let (Some(tls), false) = (&opts.client_tls, is_pub) {
                 conf += tls;
@@ -122,7 +131,11 @@ impl Cluster {
                 "cluster {{\n  name: c1\n  listen: \"127.0.0.1:{}\"\n  routes: [{}]\n{}}}\n",
                 cport,
                 routes.join(", "),
-                if is_pub { "  no_advertise: true\n" } else { "" }
+                if is_pub || opts.no_advertise {
+                    "  no_advertise: true\n"
+                } else {
+                    ""
+                }
             );
             let conf_path = dir.0.join(format!("{name}.conf"));
             std::fs::write(&conf_path, conf).unwrap();

@@ -2,11 +2,13 @@
 //! helpers that wait on events with timeouts (never fixed sleeps).
 #![allow(dead_code)]
 
+pub mod balancer;
 pub mod cluster;
+pub mod roll;
 
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,12 +27,30 @@ pub async fn within<T>(d: Duration, what: &str, fut: impl Future<Output = T>) ->
     }
 }
 
-/// The nats-server binary: `NATS_SERVER_BIN`, else `nats-server` on PATH. Panics loudly if
-/// there is none, because every integration test needs a real server.
+/// The virtual environment `.ci/setup` makes where the system's Python is externally
+/// managed, if there is one.
+fn venv_bin(name: &str) -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(".venv/bin")
+        .join(name);
+    p.is_file().then_some(p)
+}
+
+/// The Python with nats-py and PyYAML: `.ci/setup`'s virtual environment, else `python3`.
+pub fn python() -> PathBuf {
+    venv_bin("python3").unwrap_or_else(|| "python3".into())
+}
+
+/// The nats-server binary: `NATS_SERVER_BIN`, else `.ci/setup`'s virtual environment's,
+/// else `nats-server` on PATH. Panics loudly if there is none, because every integration
+/// test needs a real server.
 pub fn server_bin() -> PathBuf {
     if let Ok(p) = std::env::var("NATS_SERVER_BIN") {
         let p = PathBuf::from(p);
         assert!(p.exists(), "NATS_SERVER_BIN={} does not exist", p.display());
+        return p;
+    }
+    if let Some(p) = venv_bin("nats-server") {
         return p;
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
