@@ -234,6 +234,25 @@ async fn arrivals(cluster: &Cluster) -> Vec<Duration> {
     at
 }
 
+/// `1-3,7,9-12`: sorted numbers as ranges, for a loss report.
+fn ranges(sorted: &[u32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let mut j = i;
+        while j + 1 < sorted.len() && sorted[j + 1] <= sorted[j] + SUBJECTS as u32 {
+            j += 1;
+        }
+        out.push(if i == j {
+            sorted[i].to_string()
+        } else {
+            format!("{}-{}", sorted[i], sorted[j])
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
 /// The most of `sorted` within any 100 ms.
 fn peak_per_100ms(sorted: &[Duration]) -> usize {
     let w = Duration::from_millis(100);
@@ -357,6 +376,7 @@ async fn hundreds_of_clients_migrating_at_once_get_every_message_once() {
             .await
             .unwrap();
         let (d0, m0) = (dups, missing);
+        let (mut lost, mut twice): (Vec<u32>, Vec<u32>) = (Vec::new(), Vec::new());
         for (k, got) in seen.iter().enumerate() {
             let want: Vec<u32> = (1..=N).filter(|n| *n as usize % SUBJECTS == k).collect();
             let mut sorted = got.clone();
@@ -371,23 +391,39 @@ async fn hundreds_of_clients_migrating_at_once_get_every_message_once() {
                 );
             }
             let before = sorted.len();
+            twice.extend(sorted.windows(2).filter(|w| w[0] == w[1]).map(|w| w[0]));
             sorted.dedup();
             dups += before - sorted.len();
             missing += want.len() - sorted.len().min(want.len());
+            lost.extend(want.iter().filter(|n| sorted.binary_search(n).is_err()));
         }
         if (dups, missing) != (d0, m0) {
             bad_clients += 1;
             if bad_clients <= 5 {
+                lost.sort_unstable();
+                twice.sort_unstable();
                 eprintln!(
-                    "client storm-{i}: {} duplicates, {} missing",
+                    "client storm-{i}: {} duplicates ({}), {} missing ({})",
                     dups - d0,
-                    missing - m0
+                    ranges(&twice),
+                    missing - m0,
+                    ranges(&lost)
                 );
             }
         }
     }
     if bad_clients > 0 {
         eprintln!("{bad_clients} clients saw a duplicate or a loss");
+    }
+    // Core NATS is at most once between servers too: a route the server closed as a slow
+    // consumer loses what was in flight. Say so if it happened, with any other warning.
+    for n in cluster.nodes.iter().chain(cluster.publisher.as_ref()) {
+        let log = n.log();
+        let notable =
+            |l: &&str| l.contains("Slow Consumer") || l.contains("[WRN]") || l.contains("[ERR]");
+        for l in log.lines().filter(notable).take(6) {
+            eprintln!("{}: {l}", n.name);
+        }
     }
     let (switches, failovers) = proxy.switches();
     let arrived = arrivals(&cluster).await;

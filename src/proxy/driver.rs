@@ -229,7 +229,7 @@ impl Driver<'_> {
                     if !self.named {
                         if let Some(n) = self.session.client_name() {
                             // Every later line of this client's span says who it is.
-                            tracing::Span::current().record("name", n);
+                            tracing::Span::current().record("client", n);
                             self.named = true;
                         }
                     }
@@ -299,6 +299,17 @@ impl Driver<'_> {
                     self.timer_at = None;
                     self.session.handle_timeout(now);
                 }
+            }
+            // The clock is checked after every event, as quinn's endpoint does: the timer
+            // is polled last and tokio's cooperative budget can keep it from firing while
+            // a socket stays readable, so under a flood the deadlines would come late.
+            if self
+                .session
+                .poll_timeout()
+                .is_some_and(|t| t <= Instant::now().into_std())
+            {
+                self.timer_at = None;
+                self.session.handle_timeout(Instant::now().into_std());
             }
         }
     }

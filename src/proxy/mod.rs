@@ -166,8 +166,7 @@ impl Proxy {
             let dialer = self.dialer.clone();
             let stats = self.stats.clone();
             let token = hard.child_token();
-            let span =
-                tracing::info_span!("client", conn = conn_id, %peer, name = tracing::field::Empty);
+            let span = tracing::info_span!("client", conn = conn_id, %peer, client = tracing::field::Empty);
             tracker.spawn(
                 async move {
                     stats.clients_active.inc();

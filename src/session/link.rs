@@ -67,9 +67,9 @@ pub struct Link {
     /// Sequence number of the last client publish written.
     pub seq: u64,
     /// The server announced lame duck mode on this link.
-    pub ldm: bool,
-    /// The handshake PONG arrived.
-    pub accepted: bool,
+    leaving: bool,
+    /// The handshake PONG arrived: the server took our CONNECT.
+    accepted: bool,
 }
 
 impl Link {
@@ -86,7 +86,7 @@ impl Link {
             unconfirmed: VecDeque::new(),
             unconfirmed_bytes: 0,
             seq: 0,
-            ldm: false,
+            leaving: false,
             accepted: false,
         }
     }
@@ -117,9 +117,27 @@ impl Link {
         self.unconfirmed.push_back((self.seq, b));
     }
 
+    /// The server announced lame duck mode; true the first time.
+    pub fn mark_leaving(&mut self) -> bool {
+        !std::mem::replace(&mut self.leaving, true)
+    }
+
+    /// True once the server announced lame duck mode on this link.
+    pub fn is_leaving(&self) -> bool {
+        self.leaving
+    }
+
+    /// True once the server answered the PING after our CONNECT (it took the CONNECT).
+    pub fn is_accepted(&self) -> bool {
+        self.accepted
+    }
+
     /// A PONG arrived: returns the entry it answers and drops the data it confirms.
     pub fn pong(&mut self) -> Option<PingEntry> {
         let e = self.pings.pop_front()?;
+        if e.owner == PingOwner::Handshake {
+            self.accepted = true;
+        }
         while self.unconfirmed.front().is_some_and(|(s, _)| *s <= e.mark) {
             if let Some((_, b)) = self.unconfirmed.pop_front() {
                 self.unconfirmed_bytes -= b.len();

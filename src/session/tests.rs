@@ -1,7 +1,9 @@
 //! Pure session tests: events in with a fake clock, actions out.
 
 use super::*;
-use bytes::Bytes;
+use crate::proto::encode;
+use bytes::{Bytes, BytesMut};
+use std::time::{Duration, Instant};
 
 struct H {
     s: Session,
@@ -788,4 +790,35 @@ fn lame_duck_dials_are_spread_over_the_migration_spread() {
         delays[37] - delays[12] > DEFAULT_MIGRATION_SPREAD / 4,
         "{delays:?}"
     );
+}
+
+#[test]
+fn a_client_closing_while_the_overlap_lingers_keeps_its_duplicate_count() {
+    let mut h = H::connected();
+    h.client(b"SUB foo 1\r\n");
+    let a = h.upstream(
+        1,
+        b"INFO {\"server_id\":\"S\",\"connect_urls\":[\"x:1\"],\"ldm\":true} \r\n",
+    );
+    let (e2, _) = dial_of(&a).expect("dial");
+    h.s.handle_upstream_connected(e2, h.now);
+    h.upstream(2, INFO_B);
+    h.upstream(2, b"PONG\r\nPONG\r\n");
+    // m1 from both links: one copy is a duplicate.
+    h.upstream(1, b"MSG foo 1 2\r\nm1\r\n");
+    h.upstream(2, b"MSG foo 1 2\r\nm1\r\n");
+    h.upstream(1, b"PONG\r\n");
+    while !String::from_utf8(to_upstream(&h.actions()))
+        .unwrap()
+        .contains("UNSUB")
+    {
+        h.now = h.s.poll_timeout().unwrap();
+        h.s.handle_timeout(h.now);
+    }
+    let a = h.upstream(1, b"PONG\r\n");
+    assert!(a.contains(&Action::CloseUpstream(Epoch(1))), "{a:?}");
+    // The overlap lingers (B's late copies are still matched): the client leaves now.
+    assert!(h.s.poll_timeout().is_some_and(|t| t > h.now));
+    h.s.handle_client_closed();
+    assert_eq!(h.s.stats().duplicates_suppressed, 1);
 }

@@ -1,0 +1,260 @@
+//! The client side: CONNECT and authentication, PUB, SUB/UNSUB, PING, replies, and
+//! delivery of upstream messages to the client.
+
+use bytes::Bytes;
+use std::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::action::{Action, CloseReason};
+use super::backlog::Pending;
+use super::dedup::{self};
+use super::facade::{ClientState, Role, Session};
+use super::jetstream::{self, Shield};
+use super::link::{Link, LinkState};
+use super::phase::Phase;
+use super::replies::Ready;
+use crate::proto::{encode, subject, ClientOp, Message, ProtoError};
+
+impl Session {
+    /// Handles one decoded client op.
+    pub fn handle_client_op(&mut self, op: ClientOp, now: Instant) {
+        self.now = now;
+        if self.client_state == ClientState::Closed {
+            return;
+        }
+        if !matches!(op, ClientOp::Connect(_)) && self.client_state != ClientState::Connected {
+            if self.cfg.client_auth.is_some() {
+                // nats-server, when it requires authentication, takes nothing before CONNECT.
+                return self.close_with_err("Authorization Violation", CloseReason::ClientProtocol);
+            }
+            // nats-server serves a client that skips CONNECT with its default options.
+            self.client_connected();
+        }
+        match op {
+            ClientOp::Connect(json) => self.on_connect(&json),
+            ClientOp::Pub(m) => self.on_pub(m),
+            ClientOp::Sub {
+                raw,
+                subject,
+                queue,
+                sid,
+            } => {
+                if !subject::is_valid_subject(&subject) {
+                    self.send_client(encode::err("Invalid Subject"));
+                    return;
+                }
+                if self.subs.subscribe(sid, subject, queue) {
+                    self.send_sub_op(raw, false);
+                }
+                self.reply_ok();
+            }
+            ClientOp::Unsub { raw, sid, max } => {
+                self.subs.unsubscribe(&sid, max);
+                if self.subs.get(&sid).is_none() {
+                    self.pulls.unsubscribed(&sid);
+                }
+                self.send_sub_op(raw, true);
+                self.reply_ok();
+            }
+            ClientOp::Ping => self.on_client_ping(),
+            ClientOp::Pong | ClientOp::Ok => {}
+            ClientOp::Err(_) => self.close_client(CloseReason::ClientProtocol),
+            ClientOp::Info(json) => {
+                if serde_json::from_slice::<serde_json::Value>(&json).is_err() {
+                    self.close_client(CloseReason::ClientProtocol);
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_connect(&mut self, json: &[u8]) {
+        match self.opts.apply_connect(json) {
+            Ok(mut o) => {
+                if let Some(auth) = &self.cfg.client_auth {
+                    if !auth.admits(&o) {
+                        warn!("client authentication failed");
+                        return self.close_with_err(
+                            "Authorization Violation",
+                            CloseReason::ClientProtocol,
+                        );
+                    }
+                    // The client's proxy credentials are not the cluster's.
+                    (o.user, o.pass, o.auth_token) = (None, None, None);
+                }
+                self.opts = o;
+                self.client_dec.set_headers(self.opts.headers);
+                if self.client_state != ClientState::Connected {
+                    self.client_connected();
+                }
+                self.reply_ok();
+            }
+            Err(r) => match r.err_text() {
+                Some(t) => self.close_with_err(t, CloseReason::ClientProtocol),
+                None => self.close_client(CloseReason::ClientProtocol),
+            },
+        }
+    }
+
+    pub(super) fn on_pub(&mut self, m: Message) {
+        self.stats.msgs_to_upstream += 1;
+        self.acks
+            .on_client_publish(m.subject(), m.payload(), self.now);
+        if self.opts.pedantic && !subject::is_valid_literal_subject(m.subject()) {
+            // nats-server complains but still processes the message.
+            self.send_client(encode::err("Invalid Publish Subject"));
+        }
+        if !self.opts.echo {
+            if let Some(d) = self.overlap.dedup_mut() {
+                let fp = dedup::fingerprint(m.subject(), m.reply(), m.headers(), m.payload());
+                d.own_publish(self.subs.matching(m.subject()), fp);
+            }
+        }
+        if let (Some(reply), true) = (m.reply(), jetstream::is_pull_subject(m.subject())) {
+            if let Some(sid) = self.subs.sid_for(reply) {
+                let headers = m.has_headers().then(|| m.headers());
+                let rewritten =
+                    self.pulls
+                        .on_request(m.subject(), reply, sid, headers, m.payload(), self.now);
+                debug!(subject = %String::from_utf8_lossy(m.subject()), rewritten = rewritten.is_some(), tracked = self.pulls.len(), "pull request");
+                // Tracked requests are not kept as unconfirmed publishes: the tracker
+                // re-issues them itself when they are lost.
+                self.send_publish(Pending::Untracked(rewritten.unwrap_or(m.raw)));
+                self.reply_ok();
+                return;
+            }
+        }
+        self.send_publish(Pending::Data(m.raw));
+        self.reply_ok();
+    }
+
+    pub(super) fn on_client_ping(&mut self) {
+        let primary_ready = self.primary.as_ref().is_some_and(Link::established);
+        if primary_ready || self.switching() || self.client_state_before_upstream() {
+            self.replies.push_pong();
+            self.send_publish(Pending::Ping);
+        } else {
+            // Outage: keep the client alive; nothing upstream can answer.
+            self.replies.push_pong();
+            self.replies.pong_arrived();
+            self.flush_replies();
+        }
+    }
+
+    /// True before the first upstream was ever established (start-up).
+    pub(super) fn client_state_before_upstream(&self) -> bool {
+        matches!(self.phase, Phase::Starting { .. })
+    }
+
+    pub(super) fn client_connected(&mut self) {
+        self.client_state = ClientState::Connected;
+        for role in [Role::Primary, Role::Standby] {
+            if self
+                .link(role)
+                .is_some_and(|l| l.state == LinkState::AwaitClientConnect)
+            {
+                self.establish(role);
+            }
+        }
+    }
+
+    pub(super) fn client_protocol_error(&mut self, e: ProtoError) {
+        debug!(error = %e, "client protocol error");
+        if let Some(line) = e.server_err_line() {
+            self.send_client(Bytes::from_static(line));
+        }
+        self.close_client(CloseReason::ClientProtocol);
+    }
+
+    pub(super) fn close_with_err(&mut self, text: &str, reason: CloseReason) {
+        self.send_client(encode::err(text));
+        self.close_client(reason);
+    }
+
+    pub(super) fn close_client(&mut self, reason: CloseReason) {
+        if self.client_state == ClientState::Closed {
+            return;
+        }
+        self.client_state = ClientState::Closed;
+        // What the overlap counted is the session's, also when it ends with the client.
+        self.end_overlap();
+        for l in [
+            self.primary.take(),
+            self.standby.take(),
+            self.retiring.take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            self.actions.push_back(Action::CloseUpstream(l.epoch));
+        }
+        self.actions.push_back(Action::CloseClient(reason));
+    }
+
+    pub(super) fn send_client(&mut self, b: Bytes) {
+        if self.client_state != ClientState::Closed {
+            self.client_out.extend_from_slice(&b);
+        }
+    }
+
+    pub(super) fn reply_ok(&mut self) {
+        if self.opts.verbose && self.replies.push_ok() {
+            self.send_client(Bytes::from_static(encode::OK));
+        }
+    }
+
+    pub(super) fn flush_replies(&mut self) {
+        while let Some(r) = self.replies.pop_ready() {
+            let b: &'static [u8] = match r {
+                Ready::Pong => encode::PONG,
+                Ready::Ok => encode::OK,
+            };
+            self.send_client(Bytes::from_static(b));
+        }
+    }
+
+    /// Counts a message and relays it to the client.
+    pub(super) fn deliver(&mut self, m: Message) {
+        if m.has_headers()
+            && !self.opts.no_responders
+            && m.status() == Some(503)
+            && m.payload().is_empty()
+        {
+            // The server sends no-responders statuses only to clients that asked for them.
+            return;
+        }
+        if let Some(reply) = m
+            .reply()
+            .filter(|r| self.acks.is_acked_redelivery(r, self.now))
+        {
+            // The client acked this message already (the ack was lost upstream): ack it
+            // again and keep the client from processing it twice.
+            let ack = encode::publish(reply, None, None, b"");
+            debug!(reply = %String::from_utf8_lossy(reply), "acked again a redelivery the client had acked");
+            if !self.pulls.is_empty() {
+                self.pulls
+                    .on_delivery(m.sid(), Some(reply), m.total_len(), self.now);
+            }
+            self.subs.delivered(m.sid());
+            self.stats.redeliveries_acked += 1;
+            self.send_publish(Pending::Data(ack));
+            return;
+        }
+        if !self.pulls.is_empty() && self.pulls.on_message(&m, self.now) == Shield::Swallow {
+            if self.pulls.stats.shielded != self.stats.statuses_shielded {
+                self.stats.statuses_shielded = self.pulls.stats.shielded;
+                info!(status = %String::from_utf8_lossy(m.headers().split(|&c| c == b'\r').next().unwrap_or_default()),
+                    sid = %String::from_utf8_lossy(m.sid()), "shielded a JetStream status from the client");
+            }
+            return;
+        }
+        self.subs.delivered(m.sid());
+        self.stats.msgs_to_client += 1;
+        if m.has_headers() && !self.opts.headers {
+            // What nats-server does for clients without header support: strip them.
+            let b = encode::msg(m.subject(), m.sid(), m.reply(), None, m.payload());
+            self.send_client(b);
+        } else {
+            self.send_client(m.raw);
+        }
+    }
+}

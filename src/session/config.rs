@@ -1,0 +1,86 @@
+//! A session's static configuration and its defaults.
+
+use std::time::Duration;
+
+use super::dedup::{self};
+use crate::auth::{ClientAuth, Credentials, NkeySeed};
+
+/// Default interval between the proxy's keepalive PINGs upstream.
+pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Default bound of client bytes held while no upstream can take them.
+pub const DEFAULT_MAX_BACKLOG: usize = 8 * 1024 * 1024;
+
+/// Default time the new link's subscriptions get to propagate before the old link's go.
+pub const DEFAULT_SETTLE: Duration = Duration::from_millis(250);
+
+/// Default window over which the sessions of one proxy spread their dials to a new node
+/// when their node goes lame duck (each waits a random part of it): 1,000 clients of a
+/// shared proxy do not dial the remaining nodes in the same millisecond. nats-server
+/// starts closing lame-duck clients after its grace period (10 s by default), so this
+/// stays well inside it.
+pub const DEFAULT_MIGRATION_SPREAD: Duration = Duration::from_millis(250);
+
+/// Default time without any upstream before the client is closed.
+pub const DEFAULT_MAX_OUTAGE: Duration = Duration::from_secs(120);
+
+/// First reconnect delay after the immediate attempt.
+pub const DEFAULT_BACKOFF_MIN: Duration = Duration::from_millis(50);
+
+/// Largest reconnect delay.
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// Static configuration of a session.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Upstream addresses (`host:port`) in order of preference.
+    pub upstreams: Vec<String>,
+    /// Credentials the proxy presents upstream instead of the client's.
+    pub credentials: Option<Credentials>,
+    /// The proxy's own key: signs each upstream nonce into `proxy_sig` (trusted proxies).
+    pub proxy_key: Option<NkeySeed>,
+    /// Credentials clients must present to the proxy (then never passed upstream).
+    pub client_auth: Option<ClientAuth>,
+    /// Interval of the proxy's keepalive PINGs upstream.
+    pub ping_interval: Duration,
+    /// A link with a PING unanswered for `ping_interval * max_pings_out` is stale.
+    pub max_pings_out: u32,
+    /// Bound of client bytes buffered while they cannot be written or are unconfirmed.
+    pub max_backlog: usize,
+    /// Time the new link's subscriptions get to propagate before the old ones are removed.
+    pub settle: Duration,
+    /// Time without any upstream before the client is closed with `-ERR`.
+    pub max_outage: Duration,
+    /// A lame-duck migration dials after a random delay below this (zero: at once).
+    pub migration_spread: Duration,
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    /// Bound of the overlap de-duplication memory (fingerprints).
+    pub max_dedup_entries: usize,
+    /// Bound of bytes held back from the new link during an overlap.
+    pub max_hold_bytes: usize,
+    /// Seed of the backoff jitter.
+    pub seed: u64,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            upstreams: vec!["127.0.0.1:4222".into()],
+            credentials: None,
+            proxy_key: None,
+            client_auth: None,
+            ping_interval: DEFAULT_PING_INTERVAL,
+            max_pings_out: 2,
+            max_backlog: DEFAULT_MAX_BACKLOG,
+            settle: DEFAULT_SETTLE,
+            max_outage: DEFAULT_MAX_OUTAGE,
+            migration_spread: DEFAULT_MIGRATION_SPREAD,
+            backoff_min: DEFAULT_BACKOFF_MIN,
+            backoff_max: DEFAULT_BACKOFF_MAX,
+            max_dedup_entries: dedup::DEFAULT_MAX_ENTRIES,
+            max_hold_bytes: dedup::DEFAULT_MAX_HOLD_BYTES,
+            seed: 0,
+        }
+    }
+}

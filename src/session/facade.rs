@@ -1,0 +1,356 @@
+//! The per-client state machine: pure, sans-io. It takes client bytes, upstream bytes,
+//! connection events and `now`, and returns [`Action`]s for the driver to carry out.
+//!
+//! # Links
+//!
+//! A session has up to three upstream links, each with its own [`Epoch`]:
+//! - **primary**: receives the client's traffic;
+//! - **standby**: being brought up (dial → INFO → CONNECT+PING → SUB replay → PING);
+//! - **retiring**: the old primary after a switch, until it has been drained.
+//!
+//! Events from an epoch that holds none of these roles are dropped, never routed.
+//!
+//! # Phases
+//!
+//! ```text
+//!  new() ─► Dial ─► standby: AwaitInfo ─INFO─► (client INFO sent once) ─client CONNECT─┐
+//!                                                                                     ▼
+//!          CONNECT, PING, replay SUBs (same sid/subject/queue, max − delivered), PING ─► promoted
+//!          to primary at once when there is none (start-up, failover); backlog flushed
+//!
+//!  lame duck (INFO ldm:true on primary A), make-before-break (A's deliveries are
+//!  remembered from here on for the overlap de-dup):
+//!   Dial B ─► B established (replay written; B attached to the de-dup: both deliver)
+//!     ─ B's replay PONG (its SUBs are registered) ─► switch barrier: PING on A; client
+//!       traffic waits in the backlog ─ A's PONG (all earlier publishes processed) ─►
+//!       SWITCH: A retiring, B primary, backlog flushed to B
+//!     ─ settle delay after B's replay PONG (interest propagates through the cluster) ─►
+//!       UNSUB every sid on A + PING ─ A's PONG (A delivers nothing more) ─► A closed;
+//!       A's de-dup entries linger one settle delay for B's late copies; done
+//!
+//!  hard failover (primary closed, reset, garbage, or stale: a PING unanswered for
+//!  ping_interval × max_pings_out):
+//!   client stays connected; its owed PONGs are answered; publishes not confirmed by a
+//!   PONG on the dead link go back to the front of the backlog; dial another node
+//!   (backoff doubling from backoff_min to backoff_max, jittered) ─► promoted as above.
+//!   No upstream for max_outage ─► -ERR to the client and close.
+//! ```
+//!
+//! Client traffic that cannot be written (no established primary, or a switch barrier
+//! pending) waits in the backlog, bounded with the primary's unconfirmed data by
+//! `max_backlog` bytes; past it the driver stops reading the client. The client's PINGs go
+//! upstream and its PONG is relayed when the upstream answers, so a PONG proves that
+//! everything before it reached the server (during an outage they are answered at once).
+//! Publishes written upstream are kept until a PONG confirms them; the proxy's own
+//! confirmation PING goes out `CONFIRM_DELAY` (20 ms) after the first unconfirmed one, or
+//! at once past `CONFIRM_BYTES` (64 KiB), so a request/reply client does not pay a PING per
+//! request. A link that dies takes at most that window of publishes to be written again.
+
+// No clock here (clippy.toml): `now` comes with every event. Tests may make up times.
+#![cfg_attr(not(test), deny(clippy::disallowed_methods))]
+
+use bytes::BytesMut;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+use tracing::warn;
+
+use super::action::{Action, CloseReason, Epoch};
+use super::backlog::Pending;
+use super::config::*;
+use super::dedup::Dedup;
+use super::jetstream::acks::AckMemory;
+use super::jetstream::PullTracker;
+use super::link::{Link, LinkState};
+use super::phase::{Overlap, Phase};
+use super::pool::NodePool;
+use super::replies::ReplyQueue;
+use super::stats::{Reason, SessionEvent, SessionStats, MAX_EVENTS};
+use super::subs::SubTable;
+use crate::proto::json::ClientOptions;
+use crate::proto::{ClientDecoder, Limits, ServerOp};
+
+/// Client-facing progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ClientState {
+    /// Our INFO has not been sent (no upstream INFO yet).
+    NoInfo,
+    /// INFO sent, no CONNECT (nor other op) received yet.
+    AwaitConnect,
+    /// The client connected (explicitly or by sending another op first).
+    Connected,
+    /// Closed; everything further is ignored.
+    Closed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Role {
+    Primary,
+    Standby,
+    Retiring,
+}
+
+/// The pure per-client state machine. See the module docs for the phase diagram.
+pub struct Session {
+    pub(super) cfg: SessionConfig,
+    pub(super) client_state: ClientState,
+    pub(super) opts: ClientOptions,
+    pub(super) client_dec: ClientDecoder,
+    pub(super) replies: ReplyQueue,
+    pub(super) subs: SubTable,
+    pub(super) pool: NodePool,
+    pub(super) primary: Option<Link>,
+    pub(super) standby: Option<Link>,
+    pub(super) retiring: Option<Link>,
+    pub(super) phase: Phase,
+    pub(super) overlap: Overlap,
+    pub(super) dial_at: Option<Instant>,
+    pub(super) attempts: u32,
+    pub(super) next_epoch: u64,
+    pub(super) backlog: VecDeque<Pending>,
+    pub(super) backlog_bytes: usize,
+    /// Publishes written to the primary since the last confirmation PING.
+    pub(super) unpinged: bool,
+    /// When the confirmation PING for `unpinged` publishes is due.
+    pub(super) confirm_at: Option<Instant>,
+    pub(super) actions: VecDeque<Action>,
+    /// Bytes for the client, in order (see `poll_action`).
+    pub(super) client_out: BytesMut,
+    /// The `now` of the event being handled.
+    pub(super) now: Instant,
+    pub(super) rng: fastrand::Rng,
+    pub(super) stats: SessionStats,
+    pub(super) pulls: PullTracker,
+    pub(super) acks: AckMemory,
+    /// Events for metrics; bounded (oldest dropped past [`MAX_EVENTS`]).
+    pub(super) events: VecDeque<SessionEvent>,
+}
+
+impl Session {
+    /// A session for a freshly accepted client; the first action dials an upstream.
+    pub fn new(cfg: SessionConfig, now: Instant) -> Session {
+        let pool = NodePool::new(&cfg.upstreams);
+        let rng = fastrand::Rng::with_seed(cfg.seed);
+        let mut s = Session {
+            cfg,
+            client_state: ClientState::NoInfo,
+            opts: ClientOptions::default(),
+            client_dec: ClientDecoder::new(Limits::default()),
+            replies: ReplyQueue::default(),
+            subs: SubTable::default(),
+            pool,
+            primary: None,
+            standby: None,
+            retiring: None,
+            phase: Phase::Starting { failures: 0 },
+            overlap: Overlap::None,
+            dial_at: None,
+            attempts: 0,
+            next_epoch: 0,
+            backlog: VecDeque::new(),
+            backlog_bytes: 0,
+            unpinged: false,
+            confirm_at: None,
+            actions: VecDeque::new(),
+            client_out: BytesMut::new(),
+            now,
+            rng,
+            stats: SessionStats::default(),
+            pulls: PullTracker::default(),
+            acks: AckMemory::default(),
+            events: VecDeque::new(),
+        };
+        s.start_dial();
+        s
+    }
+
+    /// The next action for the driver, in order.
+    ///
+    /// Bytes for the client are gathered into one buffer and come first, as one
+    /// `ToClient`: nothing queued for the client ever has to wait for another action.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        if !self.client_out.is_empty() {
+            return Some(Action::ToClient(self.client_out.split().freeze()));
+        }
+        self.actions.pop_front()
+    }
+
+    /// Moves what is queued for the client to the end of `dst` (the driver's write
+    /// buffer): a swap when `dst` is empty, so relayed bytes are copied once in all.
+    /// Call before [`poll_action`](Self::poll_action).
+    pub fn take_client_output(&mut self, dst: &mut BytesMut) {
+        if dst.is_empty() {
+            std::mem::swap(dst, &mut self.client_out);
+        } else {
+            dst.extend_from_slice(&self.client_out);
+            self.client_out.clear();
+        }
+    }
+
+    /// True while the driver may read more from the client.
+    pub fn wants_client_input(&self) -> bool {
+        let unconfirmed = self.primary.as_ref().map_or(0, |p| p.unconfirmed_bytes);
+        self.client_state != ClientState::Closed
+            && self.backlog_bytes + unconfirmed < self.cfg.max_backlog
+    }
+
+    /// True once the session has closed the client; the driver ends after flushing.
+    pub fn is_closed(&self) -> bool {
+        self.client_state == ClientState::Closed
+    }
+
+    /// The client's live subscriptions.
+    pub fn subscriptions(&self) -> &SubTable {
+        &self.subs
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> &SessionStats {
+        &self.stats
+    }
+
+    /// The name the client gave in its CONNECT, once it has.
+    pub fn client_name(&self) -> Option<&str> {
+        self.opts.name.as_deref()
+    }
+
+    /// The address of the current primary upstream, if any.
+    pub fn upstream_addr(&self) -> Option<&str> {
+        self.primary.as_ref().map(|l| l.addr.as_str())
+    }
+
+    /// The next event for metrics.
+    pub fn poll_event(&mut self) -> Option<SessionEvent> {
+        self.events.pop_front()
+    }
+
+    pub(super) fn event(&mut self, e: SessionEvent) {
+        if self.events.len() >= MAX_EVENTS {
+            self.events.pop_front();
+        }
+        self.events.push_back(e);
+    }
+
+    /// True when the client's traffic has a working upstream now.
+    pub fn has_upstream(&self) -> bool {
+        self.primary.as_ref().is_some_and(Link::established)
+    }
+
+    /// Bytes waiting in the backlog and held back during an overlap.
+    pub fn buffered(&self) -> (usize, usize) {
+        (
+            self.backlog_bytes,
+            self.overlap.dedup().map_or(0, Dedup::held_bytes),
+        )
+    }
+
+    pub(super) fn stale_after(&self) -> Duration {
+        self.cfg.ping_interval * self.cfg.max_pings_out
+    }
+
+    /// Bytes read from the client: decodes and handles every complete op in `buf`.
+    pub fn handle_client_bytes(&mut self, buf: &mut BytesMut, now: Instant) {
+        self.now = now;
+        while self.client_state != ClientState::Closed {
+            match self.client_dec.decode(buf) {
+                Ok(Some(op)) => self.handle_client_op(op, now),
+                Ok(None) => break,
+                Err(e) => {
+                    self.client_protocol_error(e);
+                    break;
+                }
+            }
+        }
+        self.confirm_publishes();
+    }
+
+    /// The client closed its connection (or it failed).
+    pub fn handle_client_closed(&mut self) {
+        self.close_client(CloseReason::ClientGone);
+    }
+
+    /// The proxy is shutting down: close the client and upstreams.
+    pub fn shutdown(&mut self) {
+        self.close_client(CloseReason::Shutdown);
+    }
+
+    /// The TCP connection of `epoch` is established.
+    pub fn handle_upstream_connected(&mut self, epoch: Epoch, now: Instant) {
+        self.now = now;
+        let interval = self.cfg.ping_interval;
+        if let Some(role) = self.role_of(epoch) {
+            if let Some(l) = self.link_mut(role) {
+                l.state = LinkState::AwaitInfo;
+                l.keepalive_at = now + interval;
+            }
+        }
+    }
+
+    /// Bytes read from the upstream of `epoch`.
+    pub fn handle_upstream_bytes(&mut self, epoch: Epoch, buf: &mut BytesMut, now: Instant) {
+        self.now = now;
+        // `buf[..run]`: frames already handled on the fast path, still to be copied to the
+        // client in one piece, before anything else is (order) and before returning.
+        let mut run = 0;
+        loop {
+            let Some(role) = self.role_of(epoch) else {
+                buf.clear();
+                return;
+            };
+            // Fast path: a plain MSG that goes to the client as it is. Everything it
+            // changes (counts, auto-unsubscribe, pull credit) is done here and now, in
+            // order; only its bytes wait for the end of the run.
+            let plain = self.client_state != ClientState::Closed && !self.overlap.covers(epoch);
+            let peeked = match self.link(role) {
+                Some(l) if plain => l.decoder.peek_msg(&buf[run..]),
+                _ => None,
+            }
+            .filter(|v| {
+                // A delivery of something the client acked goes the full path.
+                self.acks.is_empty()
+                    || !v
+                        .reply
+                        .is_some_and(|r| self.acks.is_acked_redelivery(&buf[run..][r.range()], now))
+            });
+            if let Some(v) = peeked {
+                let sid = &buf[run..][v.sid.range()];
+                if !self.pulls.is_empty() {
+                    let reply = v.reply.map(|r| &buf[run..][r.range()]);
+                    self.pulls.on_delivery(sid, reply, v.size(), now);
+                }
+                self.subs.delivered(sid);
+                self.stats.msgs_to_client += 1;
+                run += v.frame_len;
+                continue;
+            }
+            if run > 0 {
+                self.client_out.extend_from_slice(&buf[..run]);
+                bytes::Buf::advance(buf, run);
+                run = 0;
+            }
+            let Some(l) = self.link_mut(role) else { return };
+            match l.decoder.decode(buf) {
+                Ok(Some(op)) => self.on_upstream_op(epoch, role, op),
+                Ok(None) => return,
+                Err(e) => {
+                    warn!(%epoch, error = %e, "protocol violation from upstream");
+                    buf.clear();
+                    return self.link_lost(epoch, Reason::Protocol);
+                }
+            }
+        }
+    }
+
+    /// Handles one decoded upstream op.
+    pub fn handle_upstream_op(&mut self, epoch: Epoch, op: ServerOp, now: Instant) {
+        self.now = now;
+        if let Some(role) = self.role_of(epoch) {
+            self.on_upstream_op(epoch, role, op);
+        }
+    }
+
+    /// The upstream connection of `epoch` closed or failed to connect.
+    pub fn handle_upstream_lost(&mut self, epoch: Epoch, now: Instant) {
+        self.now = now;
+        self.link_lost(epoch, Reason::Closed);
+    }
+}

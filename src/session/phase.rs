@@ -1,0 +1,379 @@
+//! The session's phase and the overlap of a migration, with the transitions between
+//! phases (see the diagram in `facade.rs`).
+
+use bytes::{Bytes, BytesMut};
+use std::time::Instant;
+use tracing::{info, warn};
+
+use super::action::{Action, Epoch};
+use super::backlog::Pending;
+use super::dedup::Dedup;
+use super::facade::{Role, Session};
+use super::link::{Link, PingOwner};
+use super::stats::{Reason, SessionEvent};
+use crate::proto::{encode, Message};
+
+/// A move off a node: why, since when, from which address.
+#[derive(Debug, Clone)]
+pub(super) struct Move {
+    pub(super) reason: Reason,
+    pub(super) started: Instant,
+    pub(super) from: String,
+}
+
+/// What the session is doing about its upstream; the words of the module's diagram.
+#[derive(Debug)]
+pub(super) enum Phase {
+    /// No link has carried the client's traffic yet. `failures`: dials that failed before
+    /// the client got an INFO (each node is tried once, then the client is closed).
+    Starting { failures: usize },
+    /// A primary carries the client's traffic; nothing is moving.
+    Steady,
+    /// Make-before-break off a primary in lame duck mode.
+    Migrating(Move, Step),
+    /// The primary is gone: the client is served from the backlog until a standby is up;
+    /// `since` starts the `max_outage` clock.
+    Outage { from: Move, since: Instant },
+}
+
+/// The step of a migration from A (primary, leaving) to B (standby, then primary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// B is being dialled and brought up.
+    Preparing,
+    /// B's replay PONG came: the switch barrier PING is out on A; client traffic waits.
+    /// A's UNSUBs are due at `drain_at` (the settle delay after B's replay PONG).
+    Switching { drain_at: Instant },
+    /// Client traffic is on B; A is retiring, delivering until the PONG after its UNSUBs.
+    Draining { drain_at: Instant, unsub_sent: bool },
+}
+
+/// The copies of one migration's overlap, reconciled by the de-dup memory.
+pub(super) enum Overlap {
+    /// No migration's copies to reconcile.
+    None,
+    /// A's deliveries remembered from its lame duck on, B's held back once attached.
+    Live(Dedup<Message>),
+    /// A delivers nothing more; B's late copies are still matched until the instant.
+    Lingering(Dedup<Message>, Instant),
+}
+
+impl Overlap {
+    pub(super) fn dedup(&self) -> Option<&Dedup<Message>> {
+        match self {
+            Overlap::None => None,
+            Overlap::Live(d) | Overlap::Lingering(d, _) => Some(d),
+        }
+    }
+
+    pub(super) fn dedup_mut(&mut self) -> Option<&mut Dedup<Message>> {
+        match self {
+            Overlap::None => None,
+            Overlap::Live(d) | Overlap::Lingering(d, _) => Some(d),
+        }
+    }
+
+    pub(super) fn covers(&self, epoch: Epoch) -> bool {
+        self.dedup().is_some_and(|d| d.covers(epoch))
+    }
+
+    pub(super) fn linger_until(&self) -> Option<Instant> {
+        match self {
+            Overlap::Lingering(_, t) => Some(*t),
+            _ => None,
+        }
+    }
+}
+
+impl Session {
+    /// True while a migration or failover is in progress.
+    pub fn migrating(&self) -> bool {
+        matches!(self.phase, Phase::Migrating(..) | Phase::Outage { .. })
+    }
+
+    /// True while the switch barrier PING is out on the old primary.
+    pub(super) fn switching(&self) -> bool {
+        matches!(self.phase, Phase::Migrating(_, Step::Switching { .. }))
+    }
+
+    pub(super) fn on_ldm(&mut self, role: Role) {
+        let now = self.now;
+        let Some(l) = self.link(role) else { return };
+        let addr = l.addr.clone();
+        let link_epoch = l.epoch;
+        info!(upstream = %addr, server = %l.server_name(), "upstream entered lame duck mode");
+        self.pool.mark_ldm(&addr, now);
+        match role {
+            Role::Primary if matches!(self.phase, Phase::Steady) => {
+                // Steady ─► Migrating(Preparing).
+                let m = Move {
+                    reason: Reason::LameDuck,
+                    started: now,
+                    from: addr,
+                };
+                self.phase = Phase::Migrating(m, Step::Preparing);
+                if matches!(self.overlap, Overlap::None) {
+                    // The overlap's memory starts now (see `dedup`: the new node may
+                    // already receive these subjects for other connections).
+                    self.overlap = Overlap::Live(Dedup::recording(
+                        link_epoch,
+                        self.cfg.max_dedup_entries,
+                        self.cfg.max_hold_bytes,
+                    ));
+                }
+                // The old link still works: spread the proxy's dials (`migration_spread`).
+                let spread = self.cfg.migration_spread.mul_f64(self.rng.f64());
+                if spread.is_zero() {
+                    self.start_dial();
+                } else {
+                    self.dial_at = Some(now + spread);
+                }
+            }
+            // Already moving; a new migration starts when this one ends.
+            Role::Primary => {}
+            Role::Standby => {
+                // Never move onto a node that is leaving.
+                if let Some(s) = self.standby.take() {
+                    self.actions.push_back(Action::CloseUpstream(s.epoch));
+                }
+                self.standby_gone();
+                self.start_dial();
+            }
+            Role::Retiring => {}
+        }
+    }
+
+    /// Migrating(Preparing) ─ B's replay PONG (its subscriptions are registered) ─►
+    /// Switching: the barrier PING on A.
+    pub(super) fn begin_switch(&mut self) {
+        let now = self.now;
+        let Phase::Migrating(_, step @ Step::Preparing) = &mut self.phase else {
+            return;
+        };
+        *step = Step::Switching {
+            drain_at: now + self.cfg.settle,
+        };
+        if let Some(d) = self.overlap.dedup_mut() {
+            d.start_recording();
+        }
+        let Some(p) = self.primary.as_mut() else {
+            return;
+        };
+        p.ping_sent(PingOwner::Switch, now);
+        self.unpinged = false;
+        let epoch = p.epoch;
+        self.actions
+            .push_back(Action::ToUpstream(epoch, Bytes::from_static(encode::PING)));
+    }
+
+    /// Switching ─ A's PONG (everything written on A was processed) ─► Draining: client
+    /// traffic moves to B.
+    pub(super) fn complete_switch(&mut self) {
+        let Phase::Migrating(m, step @ Step::Switching { .. }) = &mut self.phase else {
+            return;
+        };
+        let Step::Switching { drain_at } = *step else {
+            return;
+        };
+        *step = Step::Draining {
+            drain_at,
+            unsub_sent: false,
+        };
+        let m = m.clone();
+        self.retiring = self.primary.take();
+        self.primary = self.standby.take();
+        self.flush_backlog();
+        self.stats.migrations += 1;
+        if let Some(p) = &self.primary {
+            let took = self.now.saturating_duration_since(m.started);
+            self.stats.last_switch = Some(took);
+            info!(reason = %m.reason, from = %m.from, to = %p.addr, switch_ms = took.as_millis() as u64,
+                subscriptions = self.subs.len(), "migrated to a new upstream");
+            let reason = m.reason;
+            self.event(SessionEvent::Moved { reason, took });
+        }
+        self.maybe_drain();
+    }
+
+    /// After the settle delay, remove every subscription from the retiring link.
+    pub(super) fn maybe_drain(&mut self) {
+        let now = self.now;
+        let Phase::Migrating(
+            _,
+            Step::Draining {
+                drain_at,
+                unsub_sent,
+            },
+        ) = &mut self.phase
+        else {
+            return;
+        };
+        if *unsub_sent || *drain_at > now {
+            return;
+        }
+        let Some(r) = self.retiring.as_mut() else {
+            return;
+        };
+        *unsub_sent = true;
+        let sids: Vec<Bytes> = self.subs.sids().cloned().collect();
+        let mut out = BytesMut::new();
+        for sid in &sids {
+            out.extend_from_slice(&encode::unsub(sid, None));
+        }
+        out.extend_from_slice(encode::PING);
+        r.ping_sent(PingOwner::Drain, now);
+        let epoch = r.epoch;
+        self.actions
+            .push_back(Action::ToUpstream(epoch, out.freeze()));
+    }
+
+    /// A's drain PONG: A delivers nothing more; close it.
+    pub(super) fn retired(&mut self) {
+        if let Some(r) = self.retiring.take() {
+            self.actions.push_back(Action::CloseUpstream(r.epoch));
+        }
+        self.finish_migration("migration complete; old upstream retired");
+    }
+
+    /// Draining ─ A retired, or closed by its server ─► Steady. The one end of a
+    /// migration.
+    pub(super) fn finish_migration(&mut self, how: &'static str) {
+        self.old_link_done();
+        if let Phase::Migrating(m, _) = std::mem::replace(&mut self.phase, Phase::Steady) {
+            let took = self.now.saturating_duration_since(m.started);
+            info!(reason = %m.reason, from = %m.from, total_ms = took.as_millis() as u64, "{how}");
+        }
+        // The new node may itself have announced lame duck mode meanwhile.
+        if self.primary.as_ref().is_some_and(Link::is_leaving) {
+            self.on_ldm(Role::Primary);
+        }
+    }
+
+    /// Steady or Migrating ─ the primary is gone without a completed switch ─► Outage
+    /// (and at once Steady again if a standby is up).
+    pub(super) fn failover(&mut self, dead: Link, reason: Reason) {
+        let now = self.now;
+        self.stats.failovers += 1;
+        self.pool.mark_failed(&dead.addr, now);
+        warn!(upstream = %dead.addr, server = %dead.server_name(), %reason, "upstream lost; failing over");
+        // PONGs the dead link owed the client: answer them, the client must not stall.
+        for p in &dead.pings {
+            if p.owner == PingOwner::Client {
+                self.replies.pong_arrived();
+            }
+        }
+        self.flush_replies();
+        // Publishes the dead link never confirmed go out again first (acks are idempotent).
+        self.stats.publishes_resent += dead.unconfirmed.len() as u64;
+        for (_, b) in dead.unconfirmed.into_iter().rev() {
+            self.backlog_bytes += b.len();
+            self.backlog.push_front(Pending::Data(b));
+        }
+        if self.overlap.covers(dead.epoch) {
+            self.old_link_done();
+        }
+        if let Some(r) = self.retiring.take() {
+            self.actions.push_back(Action::CloseUpstream(r.epoch));
+        }
+        let from = match std::mem::replace(&mut self.phase, Phase::Steady) {
+            // A move already under way keeps its reason and start.
+            Phase::Migrating(m, _) | Phase::Outage { from: m, .. } => m,
+            Phase::Starting { .. } | Phase::Steady => Move {
+                reason,
+                started: now,
+                from: dead.addr.clone(),
+            },
+        };
+        self.phase = Phase::Outage { from, since: now };
+        match &self.standby {
+            Some(s) if s.established() => self.promote_standby(),
+            Some(_) => {}
+            None => self.start_dial(),
+        }
+    }
+
+    /// The standby becomes the primary at once (start-up or failover: there is none).
+    /// Starting or Outage ─► Steady.
+    pub(super) fn promote_standby(&mut self) {
+        self.primary = self.standby.take();
+        self.attempts = 0;
+        self.flush_backlog();
+        let Some(p) = &self.primary else { return };
+        match std::mem::replace(&mut self.phase, Phase::Steady) {
+            Phase::Outage { from: m, .. } => {
+                let took = self.now.saturating_duration_since(m.started);
+                info!(reason = %m.reason, from = %m.from, to = %p.addr, resumed_ms = took.as_millis() as u64,
+                    subscriptions = self.subs.len(), "failover: traffic resumed on a new upstream");
+                self.event(SessionEvent::Moved {
+                    reason: m.reason,
+                    took,
+                });
+                // The dead link's inbox subscriptions are gone; the server may have swept
+                // the requests before the new link's interest arrived.
+                if !self.pulls.is_empty() {
+                    self.pulls.all_lost(self.now);
+                    self.reissue_due_pulls();
+                }
+            }
+            _ => info!(upstream = %p.addr, server = %p.server_name(), "upstream connected"),
+        }
+    }
+
+    /// The old side of an overlap can deliver nothing more: release what the new side
+    /// held back.
+    pub(super) fn old_link_done(&mut self) {
+        let until = self.now + self.cfg.settle;
+        self.overlap = match std::mem::replace(&mut self.overlap, Overlap::None) {
+            Overlap::Live(mut d) | Overlap::Lingering(mut d, _) => {
+                d.old_finished();
+                Overlap::Lingering(d, until)
+            }
+            Overlap::None => Overlap::None,
+        };
+        self.forward_ready();
+    }
+
+    pub(super) fn forward_ready(&mut self) {
+        while let Some(m) = self.overlap.dedup_mut().and_then(Dedup::pop_ready) {
+            self.deliver(m);
+        }
+    }
+
+    /// B's SUBs are written: both links deliver. A's deliveries are remembered since its
+    /// lame duck; a previous overlap still lingering ends here.
+    pub(super) fn attach_overlap(&mut self, old: Epoch, new: Epoch) {
+        match &mut self.overlap {
+            Overlap::Live(d) if d.awaits_new_link(old) => d.attach(new),
+            _ => {
+                self.end_overlap();
+                self.overlap = Overlap::Live(Dedup::new(
+                    old,
+                    new,
+                    self.cfg.max_dedup_entries,
+                    self.cfg.max_hold_bytes,
+                ));
+            }
+        }
+    }
+
+    /// The standby is gone before the switch: the overlap's memory of the primary's
+    /// deliveries is kept for the next standby, what the standby delivered is dropped.
+    pub(super) fn standby_gone(&mut self) {
+        let primary = self.primary.as_ref().map(|p| p.epoch);
+        match (&mut self.overlap, primary) {
+            (Overlap::Live(d), Some(p)) if d.is_overlap_from(p) => d.detach(),
+            _ => self.end_overlap(),
+        }
+    }
+
+    /// The overlap ends; what it counted goes into the session's counters.
+    pub(super) fn end_overlap(&mut self) {
+        if let Overlap::Live(d) | Overlap::Lingering(d, _) =
+            std::mem::replace(&mut self.overlap, Overlap::None)
+        {
+            self.stats.duplicates_suppressed += d.suppressed;
+            self.stats.possible_duplicates += d.overflowed;
+            self.stats.echoes_suppressed += d.echoes;
+        }
+    }
+}

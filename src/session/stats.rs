@@ -1,0 +1,71 @@
+//! What a session counts and reports: its counters, its events for metrics, and why it
+//! moved.
+
+use std::time::Duration;
+
+/// Why the session moved (or is moving) to another upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The node announced lame duck mode.
+    LameDuck,
+    /// The connection closed or reset.
+    Closed,
+    /// The node stopped answering PINGs.
+    Stale,
+    /// The node sent something that is not NATS protocol.
+    Protocol,
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Reason::LameDuck => "ldm",
+            Reason::Closed => "closed",
+            Reason::Stale => "stale",
+            Reason::Protocol => "protocol",
+        })
+    }
+}
+
+/// Counters of one session (the driver adds them to the process-wide metrics).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    /// Completed make-before-break switches.
+    pub migrations: u64,
+    /// Primaries lost without warning.
+    pub failovers: u64,
+    /// SUBs written in replays.
+    pub subs_replayed: u64,
+    /// Overlap duplicates dropped.
+    pub duplicates_suppressed: u64,
+    /// Messages forwarded after the de-dup bound was reached.
+    pub possible_duplicates: u64,
+    /// Own messages dropped for echo:false clients.
+    pub echoes_suppressed: u64,
+    /// Unconfirmed publishes written again after a link died.
+    pub publishes_resent: u64,
+    /// Time from lame-duck INFO to switch of the last migration.
+    pub last_switch: Option<Duration>,
+    /// JetStream pull requests re-sent by the proxy.
+    pub pulls_reissued: u64,
+    /// Redeliveries of messages the client had acked, acked again by the proxy.
+    pub redeliveries_acked: u64,
+    /// Statuses kept from the client (503 and others its library turns into errors).
+    pub statuses_shielded: u64,
+    /// Messages relayed to the client.
+    pub msgs_to_client: u64,
+    /// Messages (publishes) relayed upstream.
+    pub msgs_to_upstream: u64,
+}
+
+/// Something the driver reports to metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// Client traffic flows on a new upstream: trigger-to-switch time.
+    Moved { reason: Reason, took: Duration },
+    /// Round trip of a keepalive PING.
+    Rtt(Duration),
+}
+
+/// Bound of undrained metric events.
+pub const MAX_EVENTS: usize = 64;

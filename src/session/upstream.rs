@@ -1,0 +1,322 @@
+//! The upstream links: dialling, the handshake and replay, the server's ops, and a link's
+//! loss.
+
+use bytes::{Bytes, BytesMut};
+use tracing::{debug, info, warn};
+
+use super::action::{Action, CloseReason, Epoch};
+use super::backlog::Pending;
+use super::dedup::{self};
+use super::facade::{ClientState, Role, Session};
+use super::jetstream::PullAction;
+use super::link::{Link, LinkState, PingOwner};
+use super::phase::Phase;
+use super::stats::{Reason, SessionEvent};
+use crate::proto::json::ServerInfo;
+use crate::proto::{encode, Limits, Message, ServerErr, ServerOp};
+
+impl Session {
+    pub(super) fn link(&self, role: Role) -> Option<&Link> {
+        match role {
+            Role::Primary => self.primary.as_ref(),
+            Role::Standby => self.standby.as_ref(),
+            Role::Retiring => self.retiring.as_ref(),
+        }
+    }
+
+    pub(super) fn link_mut(&mut self, role: Role) -> Option<&mut Link> {
+        match role {
+            Role::Primary => self.primary.as_mut(),
+            Role::Standby => self.standby.as_mut(),
+            Role::Retiring => self.retiring.as_mut(),
+        }
+    }
+
+    pub(super) fn role_of(&self, epoch: Epoch) -> Option<Role> {
+        [Role::Primary, Role::Standby, Role::Retiring]
+            .into_iter()
+            .find(|&r| self.link(r).is_some_and(|l| l.epoch == epoch))
+    }
+
+    pub(super) fn take_link(&mut self, role: Role) -> Option<Link> {
+        match role {
+            Role::Primary => self.primary.take(),
+            Role::Standby => self.standby.take(),
+            Role::Retiring => self.retiring.take(),
+        }
+    }
+
+    /// Dials the next node as the standby link.
+    pub(super) fn start_dial(&mut self) {
+        self.dial_at = None;
+        let exclude = match &self.phase {
+            Phase::Migrating(m, _) | Phase::Outage { from: m, .. } => Some(m.from.clone()),
+            _ => self.primary.as_ref().map(|l| l.addr.clone()),
+        };
+        let Some(addr) = self.pool.pick(exclude.as_deref(), self.now) else {
+            return;
+        };
+        self.next_epoch += 1;
+        let epoch = Epoch(self.next_epoch);
+        debug!(%epoch, upstream = %addr, "dialing");
+        self.standby = Some(Link::new(epoch, addr.clone(), self.now));
+        self.actions.push_back(Action::Dial { epoch, addr });
+    }
+
+    /// Schedules the next dial with exponential backoff and jitter.
+    pub(super) fn schedule_dial(&mut self) {
+        self.attempts += 1;
+        let exp = self.attempts.saturating_sub(1).min(16);
+        let base = self
+            .cfg
+            .backoff_min
+            .saturating_mul(1 << exp)
+            .min(self.cfg.backoff_max);
+        let jitter = base.mul_f64(self.rng.f64() * 0.2);
+        self.dial_at = Some(self.now + base - base.mul_f64(0.1) + jitter);
+    }
+
+    pub(super) fn on_upstream_op(&mut self, epoch: Epoch, role: Role, op: ServerOp) {
+        match op {
+            ServerOp::Msg(m) => self.on_upstream_msg(epoch, m),
+            ServerOp::Ping => self
+                .actions
+                .push_back(Action::ToUpstream(epoch, Bytes::from_static(encode::PONG))),
+            ServerOp::Pong => self.on_pong(role),
+            ServerOp::Ok => {}
+            ServerOp::Err(text) => {
+                let addr = self.link(role).map(|l| l.addr.clone()).unwrap_or_default();
+                warn!(%epoch, upstream = %addr, err = %String::from_utf8_lossy(&text), "upstream -ERR");
+                // Only the primary's errors concern the client; a dying link's
+                // 'Stale Connection' is the proxy's business.
+                let class = ServerErr::classify(&text);
+                let rejected = self.link(role).is_some_and(|l| !l.is_accepted())
+                    && class == ServerErr::Authorization;
+                if rejected && role == Role::Primary {
+                    // The server refused our CONNECT (the client's credentials, or the
+                    // proxy's): exactly what the client would have been told directly.
+                    let line = [b"-ERR ", &text[..], b"\r\n"].concat();
+                    self.send_client(line.into());
+                    return self.close_client(CloseReason::UpstreamLost);
+                }
+                if role == Role::Primary && class != ServerErr::StaleConnection {
+                    let line = [b"-ERR ", &text[..], b"\r\n"].concat();
+                    self.send_client(line.into());
+                }
+            }
+            ServerOp::Info(json) => self.on_info(epoch, role, &json),
+        }
+    }
+
+    pub(super) fn on_info(&mut self, epoch: Epoch, role: Role, json: &[u8]) {
+        let Some(info) = ServerInfo::parse(json) else {
+            warn!(%epoch, "unparsable INFO from upstream");
+            return self.link_lost(epoch, Reason::Protocol);
+        };
+        self.pool.learn(&info.connect_urls);
+        let now = self.now;
+        let Some(l) = self.link_mut(role) else { return };
+        if l.state == LinkState::AwaitInfo {
+            let addr = l.addr.clone();
+            self.pool.identify(&addr, &info.server_id);
+            if role == Role::Standby && self.pool.is_leaving(&info.server_id, now) {
+                // The leaving node under another name (or again behind a balancer):
+                // never move onto it. The pool now knows the name; try the next one.
+                info!(%epoch, upstream = %addr, server_id = %info.server_id,
+                    "dialled the node that is leaving under another address; dialling another");
+                if let Some(s) = self.standby.take() {
+                    self.actions.push_back(Action::CloseUpstream(s.epoch));
+                }
+                self.standby_gone();
+                return self.schedule_dial();
+            }
+            let Some(l) = self.link_mut(role) else { return };
+            l.state = LinkState::AwaitClientConnect;
+            l.info = Some(info);
+            self.pool.mark_ok(&addr);
+            if self.client_state == ClientState::NoInfo {
+                self.send_client_info(role);
+            }
+            if self.client_state == ClientState::Connected {
+                self.establish(role);
+            }
+            return;
+        }
+        let newly_ldm = info.ldm && l.mark_leaving();
+        // A node (re)joined the cluster: a consumer that was away may be back.
+        let grew = l.info.as_ref().is_some_and(|o| {
+            info.connect_urls
+                .iter()
+                .any(|u| !o.connect_urls.contains(u))
+        });
+        let old = l.info.replace(info);
+        if grew && role == Role::Primary && !self.pulls.is_empty() {
+            self.pulls.consumer_may_be_back(self.now);
+            self.reissue_due_pulls();
+        }
+        let Some(l) = self.link_mut(role) else { return };
+        if let (Some(old), Some(new)) = (old, l.info.as_mut()) {
+            // Async INFOs keep the identity of the first.
+            if new.server_name.is_empty() {
+                new.server_name = old.server_name;
+            }
+        }
+        if newly_ldm {
+            self.on_ldm(role);
+        }
+    }
+
+    pub(super) fn send_client_info(&mut self, role: Role) {
+        let Some(info) = self.link(role).and_then(|l| l.info.as_ref()) else {
+            return;
+        };
+        let mp = info.max_payload.unwrap_or(crate::proto::MAX_PAYLOAD);
+        // Clients send credentials only when asked; ask when theirs pass through.
+        let auth =
+            self.cfg.client_auth.is_some() || info.auth_required && self.cfg.credentials.is_none();
+        let json = info.client_info_json(mp, auth);
+        self.client_dec.set_limits(Limits {
+            max_payload: mp,
+            ..Limits::default()
+        });
+        self.send_client(encode::info(&json));
+        self.client_state = ClientState::AwaitConnect;
+    }
+
+    /// CONNECT, PING, the subscription replay and a PING on a link that has its INFO.
+    pub(super) fn establish(&mut self, role: Role) {
+        let nonce = self
+            .link(role)
+            .and_then(|l| l.info.as_ref())
+            .and_then(|i| i.nonce.clone());
+        let json = self.opts.upstream_connect_json(
+            self.cfg.credentials.as_ref(),
+            nonce.as_deref(),
+            self.cfg.proxy_key.as_ref(),
+        );
+        let replay = self.subs.replay();
+        let n_subs = self.subs.len() as u64;
+        let now = self.now;
+        let interval = self.cfg.ping_interval;
+        let Some(l) = self.link_mut(role) else { return };
+        let epoch = l.epoch;
+        l.state = LinkState::Established;
+        l.keepalive_at = now + interval;
+        let mut out =
+            BytesMut::with_capacity(json.len() + 64 + replay.iter().map(Bytes::len).sum::<usize>());
+        out.extend_from_slice(&encode::connect(&json));
+        out.extend_from_slice(encode::PING);
+        l.ping_sent(PingOwner::Handshake, now);
+        for b in &replay {
+            out.extend_from_slice(b);
+        }
+        out.extend_from_slice(encode::PING);
+        l.ping_sent(PingOwner::Replay, now);
+        self.actions
+            .push_back(Action::ToUpstream(epoch, out.freeze()));
+        self.stats.subs_replayed += n_subs;
+        if role == Role::Standby {
+            match &self.primary {
+                // Make-before-break: both links deliver from now on.
+                Some(p) => self.attach_overlap(p.epoch, epoch),
+                None => self.promote_standby(),
+            }
+        }
+    }
+
+    pub(super) fn on_pong(&mut self, role: Role) {
+        let now = self.now;
+        let Some(l) = self.link_mut(role) else { return };
+        let Some(entry) = l.pong() else { return };
+        match entry.owner {
+            PingOwner::Client => {
+                self.replies.pong_arrived();
+                self.flush_replies();
+            }
+            PingOwner::Handshake => {}
+            PingOwner::Replay => {
+                if role == Role::Standby && self.primary.is_some() {
+                    self.begin_switch();
+                }
+            }
+            PingOwner::Switch => self.complete_switch(),
+            PingOwner::Drain => self.retired(),
+            PingOwner::Keepalive => {
+                let rtt = now.saturating_duration_since(entry.sent_at);
+                self.event(SessionEvent::Rtt(rtt));
+            }
+        }
+    }
+
+    /// A message from an upstream link.
+    pub(super) fn on_upstream_msg(&mut self, epoch: Epoch, m: Message) {
+        if let Some(d) = self.overlap.dedup_mut().filter(|d| d.covers(epoch)) {
+            let fp = dedup::fingerprint(m.subject(), m.reply(), m.headers(), m.payload());
+            let sid = m.raw.slice(m.sid.range());
+            d.on_message(epoch, &sid, fp, m.raw.len(), m);
+            return self.forward_ready();
+        }
+        self.deliver(m);
+    }
+
+    pub(super) fn link_lost(&mut self, epoch: Epoch, reason: Reason) {
+        let Some(role) = self.role_of(epoch) else {
+            return;
+        };
+        let Some(l) = self.take_link(role) else {
+            return;
+        };
+        self.actions.push_back(Action::CloseUpstream(epoch));
+        let now = self.now;
+        match role {
+            Role::Standby => {
+                self.pool.mark_failed(&l.addr, now);
+                let no_info = self.client_state == ClientState::NoInfo;
+                if let (Phase::Starting { failures }, true) = (&mut self.phase, no_info) {
+                    // Start-up: try each node once, then give up (the client retries).
+                    *failures += 1;
+                    if *failures >= self.pool.len() {
+                        warn!(upstream = %l.addr, "no upstream reachable; closing client");
+                        return self.close_client(CloseReason::UpstreamLost);
+                    }
+                    return self.start_dial();
+                }
+                debug!(upstream = %l.addr, %reason, "standby upstream failed");
+                self.standby_gone();
+                self.schedule_dial();
+            }
+            // Lame duck closed it (or it died) before or during the drain.
+            Role::Retiring => self.finish_migration("migration complete; old upstream closed"),
+            Role::Primary => self.failover(l, reason),
+        }
+    }
+
+    /// Runs the pull tracker's due work: placements upstream (only with a working
+    /// upstream: without one they would pile up in the backlog and each add credit once
+    /// sent; the next link places every request anyway) and statuses for the client.
+    pub(super) fn reissue_due_pulls(&mut self) {
+        if self.pulls.is_empty() {
+            return;
+        }
+        let upstream = self.has_upstream();
+        let mut placed = false;
+        for action in self.pulls.on_timeout(self.now, upstream) {
+            match action {
+                PullAction::ToUpstream(frame) => {
+                    info!(request = %String::from_utf8_lossy(&frame[..frame.len().min(200)]).trim_end(), "placing a lost pull request again");
+                    self.send_publish(Pending::Untracked(frame));
+                    placed = true;
+                }
+                PullAction::ToClient(frame) => {
+                    debug!(status = %String::from_utf8_lossy(&frame[..frame.len().min(120)]).trim_end(), "pull status made by the proxy");
+                    self.send_client(frame);
+                }
+            }
+        }
+        self.stats.pulls_reissued = self.pulls.stats.reissued;
+        self.stats.statuses_shielded = self.pulls.stats.shielded;
+        if placed {
+            self.confirm_publishes();
+        }
+    }
+}
