@@ -321,7 +321,9 @@ async fn rolling_lame_duck_restart_is_invisible_to_clients() {
         proxy.stats.duplicates_suppressed.get(),
         proxy.stats.possible_duplicates.get()
     );
-    assert_eq!(migrations, 12, "4 clients moved at each of 3 lame ducks");
+    // Each client starts on a random node and moves whenever its node goes lame duck:
+    // at least once each, never by failover.
+    assert!(migrations >= 4, "{migrations} migrations of 4 clients");
     assert_eq!(failovers, 0, "every move was make-before-break");
 }
 
@@ -509,7 +511,21 @@ async fn metrics_move_and_readiness_holds_through_a_migration() {
     wait_flowing(&publisher, "m", &mut sub).await;
     let (code, body) = get(m, "/metrics").await;
     assert_eq!(code, 200);
-    let first = cluster.nodes[0].addr();
+    // The proxy's node: sessions start at a random node, as the official clients do.
+    let on = within(
+        Duration::from_secs(5),
+        "connz to show the proxy's link",
+        async {
+            loop {
+                if let Some(i) = cluster.node_of_client("metered").await {
+                    return i;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        },
+    )
+    .await;
+    let first = cluster.nodes[on].addr();
     assert_eq!(
         metric(&body, "natsproxy_client_connections"),
         Some(1.0),
@@ -560,7 +576,7 @@ async fn metrics_move_and_readiness_holds_through_a_migration() {
             (ok, bad)
         })
     };
-    cluster.lame_duck(0);
+    cluster.lame_duck(on);
     let body = within(
         Duration::from_secs(20),
         "the migration to show in /metrics",
@@ -633,7 +649,7 @@ async fn metrics_move_and_readiness_holds_through_a_migration() {
     )
     .await;
     // Keep probing until the old node has exited.
-    cluster.wait_exit(0, Duration::from_secs(40)).await;
+    cluster.wait_exit(on, Duration::from_secs(40)).await;
     stop.store(true, Ordering::Relaxed);
     let (ok, bad) = probes.await.unwrap();
     println!("/readyz during the migration: {ok} × 200, {bad} × other");

@@ -418,6 +418,27 @@ async fn hundreds_of_clients_migrating_at_once_get_every_message_once() {
     // Core NATS is at most once between servers too: a route the server closed as a slow
     // consumer loses what was in flight. Say so if it happened, with any other warning.
     for n in cluster.nodes.iter().chain(cluster.publisher.as_ref()) {
+        if bad_clients > 0 {
+            let num = |body: &str, k: &str| -> i64 {
+                let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+                v[k].as_i64().unwrap_or(-1)
+            };
+            let varz = common::cluster::http_get(n.http, "/varz")
+                .await
+                .unwrap_or_default();
+            let routez = common::cluster::http_get(n.http, "/routez")
+                .await
+                .unwrap_or_default();
+            eprintln!(
+                "{}: in_msgs {} out_msgs {} slow_consumers {} connections {} routes {}",
+                n.name,
+                num(&varz, "in_msgs"),
+                num(&varz, "out_msgs"),
+                num(&varz, "slow_consumers"),
+                num(&varz, "connections"),
+                num(&routez, "num_routes")
+            );
+        }
         let log = n.log();
         let notable =
             |l: &&str| l.contains("Slow Consumer") || l.contains("[WRN]") || l.contains("[ERR]");

@@ -12,29 +12,48 @@
 //!
 //! # Phases
 //!
+//! The session's [`Phase`](super::phase::Phase) (and a migration's `Step`), in the words
+//! the code uses:
+//!
 //! ```text
-//!  new() ─► Dial ─► standby: AwaitInfo ─INFO─► (client INFO sent once) ─client CONNECT─┐
-//!                                                                                     ▼
-//!          CONNECT, PING, replay SUBs (same sid/subject/queue, max − delivered), PING ─► promoted
-//!          to primary at once when there is none (start-up, failover); backlog flushed
+//!  Starting ── dial ─► standby: AwaitInfo ─INFO─► (client INFO sent once) ─client CONNECT─┐
+//!     │ each node failed once, no INFO yet ─► closed (the client's own retry takes over)  ▼
+//!     │            CONNECT, PING, replay SUBs (same sid/subject/queue, max − delivered), PING
+//!     └───────────────────────────────── promote (backlog flushed) ─► Steady
 //!
-//!  lame duck (INFO ldm:true on primary A), make-before-break (A's deliveries are
-//!  remembered from here on for the overlap de-dup):
-//!   Dial B ─► B established (replay written; B attached to the de-dup: both deliver)
-//!     ─ B's replay PONG (its SUBs are registered) ─► switch barrier: PING on A; client
-//!       traffic waits in the backlog ─ A's PONG (all earlier publishes processed) ─►
-//!       SWITCH: A retiring, B primary, backlog flushed to B
-//!     ─ settle delay after B's replay PONG (interest propagates through the cluster) ─►
-//!       UNSUB every sid on A + PING ─ A's PONG (A delivers nothing more) ─► A closed;
-//!       A's de-dup entries linger one settle delay for B's late copies; done
+//!  Steady ─ lame duck (INFO ldm:true on primary A; A's deliveries are remembered from
+//!  here on: Overlap::Live) ─► Migrating(Preparing): dial B after a random part of
+//!  `migration_spread`; B established (replay written, B attached to the overlap: both
+//!  deliver, B's copies held back)
+//!    ─ B's replay PONG (its SUBs are registered) ─► Switching: barrier PING on A, client
+//!      traffic waits in the backlog
+//!    ─ A's PONG (all earlier publishes processed) ─► Draining: A retiring, B primary,
+//!      backlog flushed to B
+//!    ─ the settle delay after B's replay PONG, and B's proof of overlap on every live
+//!      plain subscription (at most PROOF_WAIT more) ─► UNSUB every sid on A + PING
+//!    ─ A's PONG, or A closed by its server ─► finish_migration: Steady; Overlap::Lingering
+//!      matches B's late copies for one settle delay (then Overlap::None)
 //!
-//!  hard failover (primary closed, reset, garbage, or stale: a PING unanswered for
-//!  ping_interval × max_pings_out):
-//!   client stays connected; its owed PONGs are answered; publishes not confirmed by a
-//!   PONG on the dead link go back to the front of the backlog; dial another node
-//!   (backoff doubling from backoff_min to backoff_max, jittered) ─► promoted as above.
-//!   No upstream for max_outage ─► -ERR to the client and close.
+//!  Steady or Migrating ─ primary lost (closed, reset, garbage, or stale: a PING
+//!  unanswered for ping_interval × max_pings_out) ─► Outage: the client stays connected,
+//!  its owed PONGs are answered, publishes the dead link never confirmed go back to the
+//!  front of the backlog; dial another node (backoff from backoff_min to backoff_max,
+//!  jittered) ─► promote: Steady, every tracked pull request placed again.
+//!  Outage for max_outage ─► -ERR to the client and close.
 //! ```
+//!
+//! # Call order (for the driver)
+//!
+//! Methods are of four kinds, as in quinn-proto: getters; `handle_*` for incoming events
+//! (client bytes, upstream bytes, a dial that connected or failed, a lost link, a due
+//! timer); `shutdown`; and `poll_*`/`take_*` for what the driver must do. After every
+//! `handle_*` call: first [`take_client_output`](Session::take_client_output) (bytes for
+//! the client, in order, before any action), then [`poll_action`](Session::poll_action)
+//! until `None`, then [`poll_event`](Session::poll_event) for metrics, then
+//! [`poll_timeout`](Session::poll_timeout) to arm the timer. Report
+//! `handle_upstream_connected` before the first `handle_upstream_bytes` of an epoch. Call
+//! `handle_timeout` when the deadline is reached, and also when the clock passed it while
+//! other events kept the driver busy: it fires every timer that is due.
 //!
 //! Client traffic that cannot be written (no established primary, or a switch barrier
 //! pending) waits in the backlog, bounded with the primary's unconfirmed data by
@@ -45,9 +64,6 @@
 //! confirmation PING goes out `CONFIRM_DELAY` (20 ms) after the first unconfirmed one, or
 //! at once past `CONFIRM_BYTES` (64 KiB), so a request/reply client does not pay a PING per
 //! request. A link that dies takes at most that window of publishes to be written again.
-
-// No clock here (clippy.toml): `now` comes with every event. Tests may make up times.
-#![cfg_attr(not(test), deny(clippy::disallowed_methods))]
 
 use bytes::BytesMut;
 use std::collections::VecDeque;
@@ -128,8 +144,8 @@ pub struct Session {
 impl Session {
     /// A session for a freshly accepted client; the first action dials an upstream.
     pub fn new(cfg: SessionConfig, now: Instant) -> Session {
-        let pool = NodePool::new(&cfg.upstreams);
-        let rng = fastrand::Rng::with_seed(cfg.seed);
+        let mut rng = fastrand::Rng::with_seed(cfg.seed);
+        let pool = NodePool::new(&cfg.upstreams).seeded(rng.u64(..));
         let mut s = Session {
             cfg,
             client_state: ClientState::NoInfo,

@@ -7,7 +7,7 @@ use tracing::{info, warn};
 
 use super::action::{Action, Epoch};
 use super::backlog::Pending;
-use super::dedup::Dedup;
+use super::dedup::{self, Dedup};
 use super::facade::{Role, Session};
 use super::link::{Link, PingOwner};
 use super::stats::{Reason, SessionEvent};
@@ -143,6 +143,37 @@ impl Session {
         }
     }
 
+    /// When A's UNSUBs are due (Draining, not sent yet): the settle delay after B's replay
+    /// PONG, and then once B has proved its interest on every live subscription (a copy of
+    /// something A delivered; see `dedup`), or [`dedup::PROOF_WAIT`] later at most.
+    pub(super) fn drain_due(&self) -> Option<Instant> {
+        let Phase::Migrating(
+            _,
+            Step::Draining {
+                drain_at,
+                unsub_sent: false,
+            },
+        ) = self.phase
+        else {
+            return None;
+        };
+        if self.unproven() == 0 {
+            Some(drain_at)
+        } else {
+            Some(drain_at + dedup::PROOF_WAIT)
+        }
+    }
+
+    /// Live subscriptions B has not proved yet. Queue groups and pull inboxes cannot
+    /// prove anything with copies (each message goes to one member, one request).
+    fn unproven(&self) -> usize {
+        self.overlap.dedup().map_or(0, |d| {
+            d.unproven(|sid| {
+                self.subs.get(sid).is_some_and(|s| s.queue.is_none()) && !self.pulls.tracks(sid)
+            })
+        })
+    }
+
     /// Migrating(Preparing) ─ B's replay PONG (its subscriptions are registered) ─►
     /// Switching: the barrier PING on A.
     pub(super) fn begin_switch(&mut self) {
@@ -198,19 +229,18 @@ impl Session {
     /// After the settle delay, remove every subscription from the retiring link.
     pub(super) fn maybe_drain(&mut self) {
         let now = self.now;
-        let Phase::Migrating(
-            _,
-            Step::Draining {
-                drain_at,
-                unsub_sent,
-            },
-        ) = &mut self.phase
-        else {
-            return;
-        };
-        if *unsub_sent || *drain_at > now {
+        let Some(due) = self.drain_due() else { return };
+        if due > now {
             return;
         }
+        let unproven = self.unproven();
+        if unproven > 0 {
+            warn!(unproven, wait_ms = dedup::PROOF_WAIT.as_millis() as u64,
+                "the new upstream delivered no copy yet on live subscriptions; retiring the old one anyway");
+        }
+        let Phase::Migrating(_, Step::Draining { unsub_sent, .. }) = &mut self.phase else {
+            return;
+        };
         let Some(r) = self.retiring.as_mut() else {
             return;
         };

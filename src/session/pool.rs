@@ -55,11 +55,19 @@ pub struct NodePool {
     nodes: Vec<Node>,
     /// Avoidance by identity (`server_id`), oldest first.
     servers: Vec<(String, Avoid)>,
-    /// Index after the one picked last (round robin).
-    cursor: usize,
+    /// Where each pick starts looking: sessions with other seeds spread over the nodes.
+    rng: fastrand::Rng,
 }
 
 impl NodePool {
+    /// Seeds where each pick starts among the nodes: the sessions of one proxy spread
+    /// over the nodes at start-up and when they all move at once (1,000 clients did not
+    /// all land on one node), as the official clients randomize their server list.
+    pub fn seeded(mut self, seed: u64) -> NodePool {
+        self.rng = fastrand::Rng::with_seed(seed);
+        self
+    }
+
     /// A pool of the configured addresses (`host:port`).
     pub fn new(configured: &[String]) -> NodePool {
         NodePool {
@@ -73,7 +81,7 @@ impl NodePool {
                 })
                 .collect(),
             servers: Vec::new(),
-            cursor: 0,
+            rng: fastrand::Rng::with_seed(0),
         }
     }
 
@@ -188,8 +196,8 @@ impl NodePool {
     }
 
     /// The next node to dial, never `exclude` (nor another address of the same node)
-    /// unless nothing else is known: round robin over nodes not being avoided; if all are
-    /// avoided, the one whose avoidance ends first.
+    /// unless nothing else is known: a node not being avoided, the search starting at a
+    /// random one; if all are avoided, the one whose avoidance ends first.
     pub fn pick(&mut self, exclude: Option<&str>, now: Instant) -> Option<String> {
         let len = self.nodes.len();
         let excluded_id = exclude.and_then(|a| self.id_of(a));
@@ -197,25 +205,23 @@ impl NodePool {
             exclude == Some(n.addr.as_str()) || excluded_id.is_some() && n.server_id == excluded_id
         };
         let others = self.nodes.iter().filter(|n| !is_excluded(n)).count();
-        let mut best_avoided: Option<(usize, Instant)> = None;
-        for i in (0..len).map(|k| (self.cursor + k) % len) {
-            if others > 0 && is_excluded(&self.nodes[i]) {
-                continue;
-            }
-            match self.avoided_until(i, now) {
-                Some(u) => {
-                    if best_avoided.is_none_or(|(_, b)| u < b) {
-                        best_avoided = Some((i, u));
-                    }
-                }
-                None => {
-                    self.cursor = (i + 1) % len;
-                    return Some(self.nodes[i].addr.clone());
-                }
-            }
-        }
-        let (i, _) = best_avoided?;
-        self.cursor = (i + 1) % len;
+        let candidates: Vec<usize> = (0..len)
+            .filter(|&i| others == 0 || !is_excluded(&self.nodes[i]))
+            .collect();
+        let free: Vec<usize> = candidates
+            .iter()
+            .copied()
+            .filter(|&i| self.avoided_until(i, now).is_none())
+            .collect();
+        let i = if free.is_empty() {
+            // All avoided: the one whose avoidance ends first.
+            candidates
+                .into_iter()
+                .min_by_key(|&i| self.avoided_until(i, now))?
+        } else {
+            // Uniformly among the nodes not avoided.
+            free[self.rng.usize(..free.len())]
+        };
         Some(self.nodes[i].addr.clone())
     }
 
@@ -241,8 +247,10 @@ mod tests {
         p.learn(&["b:2".into(), "nats://c:3".into(), "a:1".into()]);
         assert_eq!(p.len(), 3);
         p.mark_ldm("a:1", now);
-        assert_eq!(p.pick(Some("a:1"), now).as_deref(), Some("b:2"));
-        assert_eq!(p.pick(Some("a:1"), now).as_deref(), Some("c:3"));
+        for _ in 0..10 {
+            let next = p.pick(Some("a:1"), now);
+            assert!(matches!(next.as_deref(), Some("b:2" | "c:3")), "{next:?}");
+        }
         p.mark_failed("b:2", now);
         assert_eq!(p.pick(Some("a:1"), now).as_deref(), Some("c:3"));
         // Everything avoided: the one whose avoidance ends first.
@@ -311,6 +319,24 @@ mod tests {
         assert!(p.is_leaving("old", now));
         assert!(!p.is_leaving("new", now));
         assert_eq!(p.avoided_until(0, now), None);
+    }
+
+    #[test]
+    fn sessions_seeded_differently_spread_over_the_nodes() {
+        let now = Instant::now();
+        let mut counts = [0usize; 3];
+        for seed in 0..300 {
+            let mut p = NodePool::new(&["a:1".into()]).seeded(seed);
+            p.learn(&["b:2".into(), "c:3".into()]);
+            p.identify("a:1", "A");
+            p.mark_ldm("a:1", now);
+            match p.pick(Some("a:1"), now).as_deref() {
+                Some("b:2") => counts[1] += 1,
+                Some("c:3") => counts[2] += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(counts[1] >= 100 && counts[2] >= 100, "{counts:?}");
     }
 
     #[test]

@@ -716,7 +716,7 @@ fn the_leaving_node_under_another_name_is_never_moved_onto() {
     // The node announces itself also as `twin:1` (e.g. `localhost` vs `127.0.0.1`).
     h.upstream(
         1,
-        b"INFO {\"server_id\":\"S\",\"connect_urls\":[\"twin:1\",\"x:1\"]} \r\n",
+        b"INFO {\"server_id\":\"S\",\"connect_urls\":[\"twin:1\"]} \r\n",
     );
     h.client(b"CONNECT {\"verbose\":false}\r\nSUB foo 1\r\n");
     h.upstream(1, b"PONG\r\nPONG\r\n");
@@ -728,6 +728,11 @@ fn the_leaving_node_under_another_name_is_never_moved_onto() {
     assert!(a.contains(&Action::CloseUpstream(e2)), "{a:?}");
     assert_eq!(to_upstream(&a), b"", "no CONNECT to the leaving node");
     assert!(dial_of(&a).is_none(), "the next dial waits a backoff");
+    // Meanwhile another node joins the cluster.
+    h.upstream(
+        1,
+        b"INFO {\"server_id\":\"S\",\"ldm\":true,\"connect_urls\":[\"twin:1\",\"x:1\"]} \r\n",
+    );
     h.now = h.s.poll_timeout().unwrap();
     h.s.handle_timeout(h.now);
     let a = h.actions();
@@ -821,4 +826,74 @@ fn a_client_closing_while_the_overlap_lingers_keeps_its_duplicate_count() {
     assert!(h.s.poll_timeout().is_some_and(|t| t > h.now));
     h.s.handle_client_closed();
     assert_eq!(h.s.stats().duplicates_suppressed, 1);
+}
+
+/// Lame duck on A, B up and switched to; returns with A retiring (Draining).
+fn switched_to_b(subs: &[u8]) -> H {
+    let mut h = H::connected();
+    h.client(subs);
+    let a = h.upstream(
+        1,
+        b"INFO {\"server_id\":\"S\",\"connect_urls\":[\"x:1\"],\"ldm\":true} \r\n",
+    );
+    let (e2, _) = dial_of(&a).expect("dial");
+    h.s.handle_upstream_connected(e2, h.now);
+    h.upstream(2, INFO_B);
+    h.upstream(2, b"PONG\r\nPONG\r\n");
+    h.upstream(1, b"PONG\r\n");
+    assert_eq!(h.s.upstream_addr(), Some("x:1"));
+    h
+}
+
+fn unsub_sent(a: &[Action]) -> bool {
+    String::from_utf8(to_upstream(a)).unwrap().contains("UNSUB")
+}
+
+#[test]
+fn the_old_link_keeps_its_subscriptions_until_the_new_one_delivers_a_copy() {
+    let mut h = switched_to_b(b"SUB foo 1\r\n");
+    // A keeps delivering; B's interest has not reached the publisher yet.
+    h.upstream(1, b"MSG foo 1 2\r\nm1\r\n");
+    let settle = h.now + DEFAULT_SETTLE;
+    h.now = settle + Duration::from_millis(10);
+    h.s.handle_timeout(h.now);
+    assert!(
+        !unsub_sent(&h.actions()),
+        "no proof yet: A stays subscribed"
+    );
+    assert!(h.s.poll_timeout().unwrap() > h.now);
+    // B's copy of m1 proves it: A's UNSUBs go at once.
+    let a = h.upstream(2, b"MSG foo 1 2\r\nm1\r\n");
+    assert!(unsub_sent(&a), "{a:?}");
+    let a = h.upstream(1, b"PONG\r\n");
+    assert!(a.contains(&Action::CloseUpstream(Epoch(1))));
+    assert_eq!(to_client(&a), b"", "m1 once: A's copy went out already");
+}
+
+#[test]
+fn without_a_copy_the_old_link_is_retired_after_the_proof_wait() {
+    let mut h = switched_to_b(b"SUB foo 1\r\nSUB work q 2\r\n");
+    h.upstream(1, b"MSG foo 1 2\r\nm1\r\nMSG work 2 2\r\nw1\r\n");
+    let settle = h.now + DEFAULT_SETTLE;
+    let mut unsub_at = None;
+    while unsub_at.is_none() {
+        h.now = h.s.poll_timeout().unwrap();
+        h.s.handle_timeout(h.now);
+        if unsub_sent(&h.actions()) {
+            unsub_at = Some(h.now);
+        }
+    }
+    // foo was never proved; the queue group `work` cannot be and does not count.
+    assert_eq!(unsub_at, Some(settle + dedup::PROOF_WAIT));
+}
+
+#[test]
+fn a_queue_group_alone_is_retired_after_the_settle_delay() {
+    let mut h = switched_to_b(b"SUB work q 2\r\n");
+    h.upstream(1, b"MSG work 2 2\r\nw1\r\n");
+    let settle = h.now + DEFAULT_SETTLE;
+    h.now = h.s.poll_timeout().unwrap();
+    h.s.handle_timeout(h.now);
+    assert!(unsub_sent(&h.actions()));
+    assert!(h.now <= settle);
 }

@@ -14,7 +14,7 @@ use tracing::warn;
 use super::action::{Action, CloseReason};
 use super::facade::{ClientState, Role, Session};
 use super::link::PingOwner;
-use super::phase::{Phase, Step};
+use super::phase::Phase;
 use super::stats::Reason;
 use crate::proto::encode;
 
@@ -29,7 +29,8 @@ pub(super) enum Timer {
     Dial,
     /// The confirmation PING of unconfirmed publishes (`CONFIRM_DELAY`).
     Confirm,
-    /// Draining: UNSUB everything on the retiring link (the settle delay after B's replay).
+    /// Draining: UNSUB everything on the retiring link (the settle delay after B's replay,
+    /// then B's proof of overlap).
     Drain,
     /// JetStream pull requests: placements, probes, statuses made for the client.
     Pulls,
@@ -71,16 +72,7 @@ impl Session {
             }
             Timer::Dial => self.dial_at.filter(|_| self.standby.is_none()),
             Timer::Confirm => self.confirm_at,
-            Timer::Drain => match self.phase {
-                Phase::Migrating(
-                    _,
-                    Step::Draining {
-                        drain_at,
-                        unsub_sent: false,
-                    },
-                ) => Some(drain_at),
-                _ => None,
-            },
+            Timer::Drain => self.drain_due(),
             // Placements wait for a working upstream (see `reissue_due_pulls`); statuses
             // made for the client do not.
             Timer::Pulls => self.pulls.poll_timeout(self.has_upstream()),

@@ -254,7 +254,9 @@ impl Session {
             let fp = dedup::fingerprint(m.subject(), m.reply(), m.headers(), m.payload());
             let sid = m.raw.slice(m.sid.range());
             d.on_message(epoch, &sid, fp, m.raw.len(), m);
-            return self.forward_ready();
+            self.forward_ready();
+            // The copy may have been the proof A's UNSUBs were waiting for.
+            return self.maybe_drain();
         }
         self.deliver(m);
     }

@@ -112,6 +112,11 @@ impl PullTracker {
         self.inboxes.is_empty()
     }
 
+    /// True if `sid` is an inbox with tracked pull requests.
+    pub fn tracks(&self, sid: &[u8]) -> bool {
+        self.inboxes.contains_key(sid)
+    }
+
     /// Requests tracked now.
     pub fn len(&self) -> usize {
         self.inboxes.values().map(|i| i.requests.len()).sum()
