@@ -79,8 +79,9 @@ pub enum ConfigError {
 }
 
 impl UpstreamUrl {
-    /// Parses `nats://…` (the scheme may be omitted). `tls://` is refused until TLS
-    /// upstream support exists, rather than silently connecting in cleartext.
+    /// Parses `nats://…` (the scheme may be omitted) or `tls://…` (TLS required toward
+    /// the node), with `?tls_first` for servers with `handshake_first`, and credentials
+    /// in the user part.
     pub fn parse(url: &str) -> Result<UpstreamUrl, ConfigError> {
         let err = |why| ConfigError::Upstream {
             url: redact(url),
