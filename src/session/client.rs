@@ -7,7 +7,7 @@ use tracing::{debug, info, warn};
 
 use super::action::{Action, CloseReason};
 use super::backlog::Pending;
-use super::dedup::{self};
+use super::dedup;
 use super::facade::{ClientState, Role, Session};
 use super::jetstream::{self, Shield};
 use super::link::{Link, LinkState};

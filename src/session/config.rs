@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::dedup::{self};
+use super::dedup;
 use crate::auth::{ClientAuth, Credentials, NkeySeed};
 
 /// Default interval between the proxy's keepalive PINGs upstream.

@@ -6,7 +6,7 @@ use tracing::{debug, info, warn};
 
 use super::action::{Action, CloseReason, Epoch};
 use super::backlog::Pending;
-use super::dedup::{self};
+use super::dedup;
 use super::facade::{ClientState, Role, Session};
 use super::jetstream::PullAction;
 use super::link::{Link, LinkState, PingOwner};
