@@ -302,14 +302,14 @@ impl Driver<'_> {
             }
             // The clock is checked after every event, as quinn's endpoint does: the timer
             // is polled last and tokio's cooperative budget can keep it from firing while
-            // a socket stays readable, so under a flood the deadlines would come late.
-            if self
-                .session
-                .poll_timeout()
-                .is_some_and(|t| t <= Instant::now().into_std())
-            {
+            // a socket stays readable, so under a flood the deadlines would come late. The
+            // deadline compared is the one armed before this event (one clock read, no
+            // fold over the session's timers per event); a deadline the event itself
+            // moved earlier is armed at the top of the loop and checked after the next.
+            let now = Instant::now();
+            if self.timer_at.is_some_and(|t| t <= now) {
                 self.timer_at = None;
-                self.session.handle_timeout(Instant::now().into_std());
+                self.session.handle_timeout(now.into_std());
             }
         }
     }

@@ -12,16 +12,28 @@ struct H {
 
 impl H {
     fn new() -> H {
-        let now = Instant::now();
         // Dials at the lame duck at once; `migration_spread` has its own test.
-        let cfg = SessionConfig {
+        H::with(SessionConfig {
             migration_spread: Duration::ZERO,
             ..SessionConfig::default()
-        };
+        })
+    }
+    fn with(cfg: SessionConfig) -> H {
+        let now = Instant::now();
         H {
             s: Session::new(cfg, now),
             now,
         }
+    }
+    /// The first link up: its dial, `info` from the server, the client's `connect` (and
+    /// whatever follows it), the handshake PONGs.
+    fn up(mut self, info: &[u8], connect: &[u8]) -> H {
+        self.actions();
+        self.s.handle_upstream_connected(Epoch(1), self.now);
+        self.upstream(1, info);
+        self.client(connect);
+        self.upstream(1, b"PONG\r\nPONG\r\n");
+        self
     }
     fn actions(&mut self) -> Vec<Action> {
         std::iter::from_fn(|| self.s.poll_action()).collect()
@@ -450,15 +462,10 @@ fn dial_failures_back_off_and_outage_ends_with_err() {
 
 #[test]
 fn echo_false_client_never_gets_its_own_messages_from_the_other_link() {
-    let mut h = H::new();
-    h.actions();
-    h.s.handle_upstream_connected(Epoch(1), h.now);
-    h.upstream(
-        1,
+    let mut h = H::new().up(
         b"INFO {\"server_id\":\"S\",\"connect_urls\":[\"x:1\"]} \r\n",
+        b"CONNECT {\"verbose\":false,\"echo\":false,\"headers\":true}\r\nSUB foo 1\r\n",
     );
-    h.client(b"CONNECT {\"verbose\":false,\"echo\":false,\"headers\":true}\r\nSUB foo 1\r\n");
-    h.upstream(1, b"PONG\r\nPONG\r\n");
     let a = h.upstream(1, b"INFO {\"server_id\":\"S\",\"ldm\":true} \r\n");
     let (e2, _) = dial_of(&a).unwrap();
     h.s.handle_upstream_connected(e2, h.now);
@@ -710,16 +717,11 @@ fn a_short_pull_lost_without_a_status_is_placed_again_before_it_expires() {
 
 #[test]
 fn the_leaving_node_under_another_name_is_never_moved_onto() {
-    let mut h = H::new();
-    h.actions();
-    h.s.handle_upstream_connected(Epoch(1), h.now);
     // The node announces itself also as `twin:1` (e.g. `localhost` vs `127.0.0.1`).
-    h.upstream(
-        1,
+    let mut h = H::new().up(
         b"INFO {\"server_id\":\"S\",\"connect_urls\":[\"twin:1\"]} \r\n",
+        b"CONNECT {\"verbose\":false}\r\nSUB foo 1\r\n",
     );
-    h.client(b"CONNECT {\"verbose\":false}\r\nSUB foo 1\r\n");
-    h.upstream(1, b"PONG\r\nPONG\r\n");
     let a = h.upstream(1, b"INFO {\"server_id\":\"S\",\"ldm\":true} \r\n");
     let (e2, addr) = dial_of(&a).expect("dial");
     assert_eq!(addr, "twin:1", "not known yet to be the same node");
@@ -759,23 +761,14 @@ fn the_leaving_node_under_another_name_is_never_moved_onto() {
 fn lame_duck_dials_are_spread_over_the_migration_spread() {
     let mut delays = Vec::new();
     for seed in 0..50 {
-        let now = Instant::now();
-        let cfg = SessionConfig {
+        let mut h = H::with(SessionConfig {
             seed,
             ..SessionConfig::default()
-        };
-        let mut h = H {
-            s: Session::new(cfg, now),
-            now,
-        };
-        h.actions();
-        h.s.handle_upstream_connected(Epoch(1), h.now);
-        h.upstream(
-            1,
+        })
+        .up(
             b"INFO {\"server_id\":\"S\",\"connect_urls\":[\"x:1\"]} \r\n",
+            b"CONNECT {\"verbose\":false}\r\n",
         );
-        h.client(b"CONNECT {\"verbose\":false}\r\n");
-        h.upstream(1, b"PONG\r\nPONG\r\n");
         let a = h.upstream(1, b"INFO {\"server_id\":\"S\",\"ldm\":true} \r\n");
         assert!(
             dial_of(&a).is_none(),
