@@ -1,72 +1,16 @@
-//! Client-direction decoder: the same bytes decoded whole and split at fuzzer-chosen
-//! points give the same ops and the same error, and never panic.
+//! Client-direction decoder: the same bytes decoded whole and cut at fuzzer-chosen
+//! points give the same ops and the same error, and never panic (the property is
+//! `natsproxy::proto::oracle`'s, shared with the proptests).
 #![no_main]
 
-use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
-use natsproxy::proto::{ClientDecoder, ClientOp, Limits, ProtoError};
-
-/// Input layout: `n` (number of split points, mod 8), `n` little-endian u16 split
-/// points, a flags byte (bit 0: headers on, bit 1: 16-byte control line limit, bit 2:
-/// 8-byte payload limit), then the protocol bytes. `run.sh` prefixes the seeds (one
-/// protocol op per file) with such a header.
-struct Input<'a> {
-    headers: bool,
-    limits: Limits,
-    splits: Vec<usize>,
-    bytes: &'a [u8],
-}
-
-fn parse(data: &[u8]) -> Option<Input<'_>> {
-    let (&n, rest) = data.split_first()?;
-    let n = usize::from(n % 8);
-    let splits = rest.get(..2 * n)?;
-    let (&flags, bytes) = rest[2 * n..].split_first()?;
-    let mut points: Vec<usize> = splits
-        .chunks(2)
-        .map(|c| usize::from(u16::from_le_bytes([c[0], c[1]])) % (bytes.len() + 1))
-        .collect();
-    points.sort_unstable();
-    Some(Input {
-        headers: flags & 1 != 0,
-        limits: Limits {
-            max_control_line: if flags & 2 != 0 { 16 } else { 4096 },
-            max_payload: if flags & 4 != 0 { 8 } else { 1 << 20 },
-        },
-        splits: points,
-        bytes,
-    })
-}
-
-/// Decodes `chunks` fed one after another; stops at the first error, as the proxy does.
-fn decode(limits: Limits, headers: bool, chunks: &[&[u8]]) -> (Vec<ClientOp>, Option<ProtoError>) {
-    let mut dec = ClientDecoder::new(limits);
-    dec.set_headers(headers);
-    let mut buf = BytesMut::new();
-    let mut ops = Vec::new();
-    for c in chunks {
-        buf.extend_from_slice(c);
-        loop {
-            match dec.decode(&mut buf) {
-                Ok(Some(op)) => ops.push(op),
-                Ok(None) => break,
-                Err(e) => return (ops, Some(e)),
-            }
-        }
-    }
-    (ops, None)
-}
+use natsproxy::proto::oracle::{self, FuzzInput};
 
 fuzz_target!(|data: &[u8]| {
-    let Some(i) = parse(data) else { return };
-    let whole = decode(i.limits, i.headers, &[i.bytes]);
-    let mut chunks = Vec::new();
-    let mut at = 0;
-    for &p in &i.splits {
-        chunks.push(&i.bytes[at..p]);
-        at = p;
-    }
-    chunks.push(&i.bytes[at..]);
-    let split = decode(i.limits, i.headers, &chunks);
-    assert_eq!(whole, split, "chunking changed the result: {chunks:?}");
+    let Some(i) = FuzzInput::parse(data) else {
+        return;
+    };
+    oracle::same_however_cut(i.bytes, &i.cuts, |c| {
+        oracle::client_chunks(i.limits, i.headers, c)
+    });
 });

@@ -4,16 +4,22 @@
 // No clock here (clippy.toml); tests may make up times.
 #![cfg_attr(not(test), deny(clippy::disallowed_methods))]
 
-pub mod decode;
+mod args;
+pub mod decode_client;
+pub mod decode_server;
 pub mod encode;
 pub mod error;
+mod fast;
+mod framer;
 pub mod json;
 pub mod op;
+pub mod oracle;
 pub mod server_err;
 pub mod status;
 pub mod subject;
 
-pub use decode::{ClientDecoder, MsgView, ServerDecoder};
+pub use decode_client::ClientDecoder;
+pub use decode_server::{MsgView, ServerDecoder};
 pub use error::ProtoError;
 pub use op::{ClientOp, Message, ServerOp};
 pub use server_err::ServerErr;

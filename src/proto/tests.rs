@@ -5,7 +5,7 @@ use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 
 use super::op::{ClientOp, ServerOp};
-use super::{encode, ClientDecoder, Limits, ProtoError, ServerDecoder};
+use super::{encode, oracle, ClientDecoder, Limits, ProtoError, ServerDecoder};
 
 fn client_dec() -> ClientDecoder {
     let mut d = ClientDecoder::new(Limits::default());
@@ -13,95 +13,22 @@ fn client_dec() -> ClientDecoder {
     d
 }
 
-/// Decodes `input` fed in the given chunks; returns the ops and the final error, if any.
-fn decode_client_chunks(chunks: &[&[u8]]) -> (Vec<ClientOp>, Option<ProtoError>) {
-    let mut d = client_dec();
-    let mut buf = BytesMut::new();
-    let mut ops = Vec::new();
-    for c in chunks {
-        buf.extend_from_slice(c);
-        loop {
-            match d.decode(&mut buf) {
-                Ok(Some(op)) => ops.push(op),
-                Ok(None) => break,
-                Err(e) => return (ops, Some(e)),
-            }
-        }
-    }
-    (ops, None)
+/// Decodes `chunks` as the client direction, headers on.
+fn decode_client_chunks(chunks: &[&[u8]]) -> oracle::Decoded<ClientOp> {
+    oracle::client_chunks(Limits::default(), true, chunks)
 }
 
-fn decode_server_chunks(chunks: &[&[u8]]) -> (Vec<ServerOp>, Option<ProtoError>) {
-    let mut d = ServerDecoder::new(Limits::upstream());
-    let mut buf = BytesMut::new();
-    let mut ops = Vec::new();
-    for c in chunks {
-        buf.extend_from_slice(c);
-        loop {
-            // The fast path's view, where it has one, is what decode returns.
-            let view = d.peek_msg(&buf);
-            let before = buf.clone();
-            match d.decode(&mut buf) {
-                Ok(Some(op)) => {
-                    if let Some(v) = view {
-                        match &op {
-                            ServerOp::Msg(m) => assert!(v.agrees_with(&before, m), "{v:?} {m:?}"),
-                            other => panic!("peek saw a MSG, decode {other:?}"),
-                        }
-                    }
-                    ops.push(op)
-                }
-                Ok(None) => {
-                    assert!(view.is_none(), "peek saw a MSG in an incomplete frame");
-                    break;
-                }
-                Err(e) => {
-                    assert!(view.is_none(), "peek saw a MSG where decode failed: {e:?}");
-                    return (ops, Some(e));
-                }
-            }
-        }
-    }
-    (ops, None)
+fn decode_server_chunks(chunks: &[&[u8]]) -> oracle::Decoded<ServerOp> {
+    oracle::server_chunks(Limits::upstream(), chunks)
 }
 
 /// Whole, byte-by-byte and every two-way split must agree.
-fn assert_chunking_invariant_client(input: &[u8]) -> (Vec<ClientOp>, Option<ProtoError>) {
-    let whole = decode_client_chunks(&[input]);
-    let bytes: Vec<&[u8]> = input.chunks(1).collect();
-    assert_eq!(
-        decode_client_chunks(&bytes),
-        whole,
-        "byte-by-byte differs for {input:?}"
-    );
-    for i in 0..=input.len() {
-        let (a, b) = input.split_at(i);
-        assert_eq!(
-            decode_client_chunks(&[a, b]),
-            whole,
-            "split at {i} differs for {input:?}"
-        );
-    }
-    whole
+fn assert_chunking_invariant_client(input: &[u8]) -> oracle::Decoded<ClientOp> {
+    oracle::same_every_cut(input, decode_client_chunks)
 }
 
-fn assert_chunking_invariant_server(input: &[u8]) -> (Vec<ServerOp>, Option<ProtoError>) {
-    let whole = decode_server_chunks(&[input]);
-    let bytes: Vec<&[u8]> = input.chunks(1).collect();
-    assert_eq!(
-        decode_server_chunks(&bytes),
-        whole,
-        "byte-by-byte differs for {input:?}"
-    );
-    for i in 0..=input.len() {
-        let (a, b) = input.split_at(i);
-        assert_eq!(
-            decode_server_chunks(&[a, b]),
-            whole,
-            "split at {i} differs for {input:?}"
-        );
-    }
-    whole
+fn assert_chunking_invariant_server(input: &[u8]) -> oracle::Decoded<ServerOp> {
+    oracle::same_every_cut(input, decode_server_chunks)
 }
 
 const CLIENT_FIXTURES: &[&[u8]] = &[

@@ -1,0 +1,136 @@
+//! Decodes what a client sends, as nats-server's client parser does: the framer finds the
+//! op and its line, [`args`] reads the arguments (PUB's by hand, in [`super::fast`]),
+//! and this puts the op together.
+
+use bytes::{Buf, BytesMut};
+
+use super::args::{self, offset};
+use super::error::ProtoError;
+use super::fast;
+use super::framer::{Framer, Step, Verb, CLIENT_VERBS};
+use super::op::{ClientOp, Span};
+use super::Limits;
+
+/// Decodes what a client sends.
+pub struct ClientDecoder {
+    framer: Framer,
+    limits: Limits,
+    headers: bool,
+}
+
+impl ClientDecoder {
+    /// A decoder with the given limits; HPUB is refused until [`set_headers`](Self::set_headers).
+    pub fn new(limits: Limits) -> Self {
+        ClientDecoder {
+            framer: Framer::default(),
+            limits,
+            headers: false,
+        }
+    }
+
+    /// Whether the client's CONNECT enabled headers (HPUB allowed).
+    pub fn set_headers(&mut self, on: bool) {
+        self.headers = on;
+    }
+
+    /// Updates the limits (the payload limit comes from the upstream INFO).
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
+    }
+
+    /// Decodes the next op from `buf`, consuming its bytes. `Ok(None)`: need more bytes.
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<ClientOp>, ProtoError> {
+        let line = match self.framer.next(
+            buf,
+            CLIENT_VERBS,
+            (b"PUB ", Verb::Pub),
+            self.limits.max_control_line,
+        )? {
+            None => return Ok(None),
+            Some(Step::Msg(m)) => return Ok(Some(ClientOp::Pub(m))),
+            Some(Step::Line(l)) => l,
+        };
+        let (a, b) = (line.arg_start, line.arg_end);
+        let span = |f: &[u8]| Span::new(offset(buf, f)..offset(buf, f) + f.len());
+        let op = match line.verb {
+            Verb::Ping => ClientOp::Ping,
+            Verb::Pong => ClientOp::Pong,
+            Verb::Ok => ClientOp::Ok,
+            Verb::Connect | Verb::Info | Verb::Err => {
+                let text = span(args::text(&buf[a..b]));
+                let arg = buf.split_to(line.nl + 1).freeze().slice(text.range());
+                return Ok(Some(match line.verb {
+                    Verb::Connect => ClientOp::Connect(arg),
+                    Verb::Info => ClientOp::Info(arg),
+                    _ => ClientOp::Err(arg),
+                }));
+            }
+            Verb::Pub => {
+                let (subject, reply, size) =
+                    fast::pub_args(buf, a, b).ok_or(ProtoError::BadArgs("PUB"))?;
+                let size =
+                    fast::parse_size(&buf[size.range()]).ok_or(ProtoError::BadSize("PUB"))?;
+                if size > self.limits.max_payload {
+                    return Err(ProtoError::PayloadTooLarge);
+                }
+                let m =
+                    self.framer
+                        .message(buf, &line, subject, Span::default(), reply, None, size)?;
+                return Ok(m.map(ClientOp::Pub));
+            }
+            Verb::HPub => {
+                if !self.headers {
+                    return Err(ProtoError::HeadersNotSupported);
+                }
+                let f = args::hpub_args(&buf[a..b]).ok_or(ProtoError::BadArgs("HPUB"))?;
+                let hdr = args::size(f.hdr).ok_or(ProtoError::BadSize("HPUB"))?;
+                let total = args::size(f.total).ok_or(ProtoError::BadSize("HPUB"))?;
+                if hdr > total {
+                    return Err(ProtoError::BadSize("HPUB"));
+                }
+                if total > self.limits.max_payload {
+                    return Err(ProtoError::PayloadTooLarge);
+                }
+                let (subject, reply) = (span(f.subject), f.reply.map(span));
+                let m = self.framer.message(
+                    buf,
+                    &line,
+                    subject,
+                    Span::default(),
+                    reply,
+                    Some(hdr as u32),
+                    total,
+                )?;
+                return Ok(m.map(ClientOp::Pub));
+            }
+            Verb::Sub => {
+                let (subject, queue, sid) =
+                    args::sub_args(&buf[a..b]).ok_or(ProtoError::BadArgs("SUB"))?;
+                let (subject, queue, sid) = (span(subject), queue.map(span), span(sid));
+                let frame = buf.split_to(line.nl + 1).freeze();
+                return Ok(Some(ClientOp::Sub {
+                    subject: frame.slice(subject.range()),
+                    queue: queue.map(|q| frame.slice(q.range())),
+                    sid: frame.slice(sid.range()),
+                    raw: frame,
+                }));
+            }
+            Verb::Unsub => {
+                let (sid, max) =
+                    args::unsub_args(&buf[a..b]).ok_or(ProtoError::BadArgs("UNSUB"))?;
+                // A bad max is 0: nats-server reads it as -1, and both mean now.
+                let max = max.map(|m| args::size(m).unwrap_or(0) as u64);
+                let sid = span(sid);
+                let frame = buf.split_to(line.nl + 1).freeze();
+                return Ok(Some(ClientOp::Unsub {
+                    sid: frame.slice(sid.range()),
+                    max,
+                    raw: frame,
+                }));
+            }
+            Verb::Msg | Verb::HMsg => return Err(ProtoError::UnknownOp),
+        };
+        buf.advance(line.nl + 1);
+        Ok(Some(op))
+    }
+}
