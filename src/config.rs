@@ -3,10 +3,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::session::{
-    SessionConfig, DEFAULT_BACKOFF_MAX, DEFAULT_BACKOFF_MIN, DEFAULT_MAX_BACKLOG,
-    DEFAULT_MAX_OUTAGE, DEFAULT_PING_INTERVAL, DEFAULT_SETTLE,
-};
+use serde::Serialize;
+
+use crate::session::SessionConfig;
 
 /// Default listen address: loopback only, the NATS port.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4222";
@@ -37,20 +36,29 @@ pub struct UpstreamUrl {
 
 /// TLS toward the upstreams (rustls). A node that asks for TLS (`tls_required` in its
 /// INFO) gets it even on a `nats://` URL; `tls://` or `--upstream-tls` insist on it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct UpstreamTls {
     /// Require TLS toward every node, learned ones included (`--upstream-tls`).
+    #[serde(rename = "upstream_tls")]
     pub required: bool,
     /// PEM CA bundle to verify servers with; the system's roots when None.
+    #[serde(rename = "upstream_tls_ca", skip_serializing_if = "Option::is_none")]
     pub ca: Option<std::path::PathBuf>,
     /// PEM client certificate chain and key, for servers with `verify: true`.
+    #[serde(rename = "upstream_tls_cert", skip_serializing_if = "Option::is_none")]
     pub cert: Option<std::path::PathBuf>,
+    #[serde(rename = "upstream_tls_key", skip_serializing_if = "Option::is_none")]
     pub key: Option<std::path::PathBuf>,
     /// Accept any server certificate (`--upstream-tls-insecure-skip-verify`).
+    #[serde(rename = "upstream_tls_insecure_skip_verify")]
     pub insecure_skip_verify: bool,
     /// The name every node's certificate is verified against
     /// (`--upstream-tls-server-name`); None: a configured URL's own host, and for nodes
     /// learned from the cluster (announced by IP) the first configured host name.
+    #[serde(
+        rename = "upstream_tls_server_name",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub server_name: Option<String>,
 }
 
@@ -71,8 +79,6 @@ pub enum ConfigError {
     Address { field: &'static str, value: String },
     #[error("configuration file {path}: {why}")]
     File { path: String, why: String },
-    #[error("configuration file, key `{key}`: {why}")]
-    FileValue { key: &'static str, why: String },
     /// Never carries a secret: only the option, the file path and what is wrong.
     #[error("credentials: {0}")]
     Credentials(String),
@@ -228,83 +234,61 @@ pub fn parse_size(field: &'static str, v: &str) -> Result<usize, ConfigError> {
 }
 
 /// The proxy's whole configuration.
-#[derive(Debug, Clone)]
+/// The proxy's configuration: the listener, the upstreams, the per-client bounds of the
+/// shell, and each session's own configuration, embedded. Serialized, it is the
+/// effective configuration `check-config` prints (secrets masked), keyed as the options.
+#[derive(Debug, Clone, Serialize)]
 pub struct Config {
     pub listen: SocketAddr,
+    #[serde(rename = "upstream", serialize_with = "masked_urls")]
     pub upstreams: Vec<UpstreamUrl>,
-    /// Where `/metrics`, `/healthz` and `/readyz` are served (off when None).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<SocketAddr>,
-    pub ping_interval: Duration,
+    #[serde(serialize_with = "crate::session::as_millis")]
     pub connect_timeout: Duration,
     pub max_clients: usize,
     pub max_client_pending: usize,
-    pub max_backlog: usize,
-    /// Bound of bytes held back from the new link during a migration overlap.
-    pub max_hold: usize,
+    #[serde(serialize_with = "crate::session::as_millis")]
     pub shutdown_grace: Duration,
-    pub settle: Duration,
-    pub max_outage: Duration,
-    pub migration_spread: Duration,
-    pub backoff_min: Duration,
-    pub backoff_max: Duration,
-    /// Credentials the proxy presents upstream (`--creds`, `--nkey-seed`, `--user` and
-    /// `--password`, `--token`); when None, those in the first upstream URL, else the
-    /// client's own.
-    pub credentials: Option<Credentials>,
-    /// `--proxy-nkey-seed`: signs every upstream nonce into `proxy_sig`.
-    pub proxy_key: Option<NkeySeed>,
+    #[serde(flatten)]
     pub upstream_tls: UpstreamTls,
-    /// Credentials clients must present (`--client-token`, `--client-user`/`--client-password`).
-    pub client_auth: Option<ClientAuth>,
+    /// Each session's configuration. Its `upstreams` and, without credentials of its
+    /// own, its `credentials` come from [`Config::upstreams`] (see [`Config::session`]).
+    #[serde(flatten)]
+    pub session: SessionConfig,
+}
+
+fn masked_urls<S: serde::Serializer>(urls: &[UpstreamUrl], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(urls.iter().map(UpstreamUrl::masked))
 }
 
 impl Config {
-    /// A configuration with defaults for everything but the upstreams.
     pub fn new(listen: SocketAddr, upstreams: Vec<UpstreamUrl>) -> Config {
         Config {
             listen,
             upstreams,
             metrics_listen: None,
-            ping_interval: DEFAULT_PING_INTERVAL,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_clients: DEFAULT_MAX_CLIENTS,
             max_client_pending: DEFAULT_MAX_CLIENT_PENDING,
-            max_backlog: DEFAULT_MAX_BACKLOG,
-            max_hold: crate::session::dedup::DEFAULT_MAX_HOLD_BYTES,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
-            settle: DEFAULT_SETTLE,
-            max_outage: DEFAULT_MAX_OUTAGE,
-            migration_spread: crate::session::DEFAULT_MIGRATION_SPREAD,
-            backoff_min: DEFAULT_BACKOFF_MIN,
-            backoff_max: DEFAULT_BACKOFF_MAX,
-            credentials: None,
-            proxy_key: None,
             upstream_tls: UpstreamTls::default(),
-            client_auth: None,
+            session: SessionConfig::default(),
         }
     }
 
-    /// The per-client session configuration derived from this one.
+    /// A new session's configuration: the embedded one, with the upstream addresses, the
+    /// first URL's credentials where none are configured, and a seed of its own.
     pub fn session(&self) -> SessionConfig {
         SessionConfig {
             upstreams: self.upstreams.iter().map(|u| u.addr.clone()).collect(),
             credentials: self
+                .session
                 .credentials
                 .clone()
                 .or_else(|| self.upstreams.first().and_then(|u| u.credentials.clone())),
-            proxy_key: self.proxy_key.clone(),
-            client_auth: self.client_auth.clone(),
-            ping_interval: self.ping_interval,
-            max_pings_out: 2,
-            max_backlog: self.max_backlog,
-            settle: self.settle,
-            max_outage: self.max_outage,
-            migration_spread: self.migration_spread,
-            backoff_min: self.backoff_min,
-            backoff_max: self.backoff_max,
-            max_dedup_entries: crate::session::dedup::DEFAULT_MAX_ENTRIES,
-            max_hold_bytes: self.max_hold,
             seed: fastrand::u64(..),
+            ..self.session.clone()
         }
     }
 }

@@ -9,6 +9,8 @@
 //! - [`session`]: sans-io per-client state machine (bytes, events and `now` in; actions out).
 //! - [`proxy`]: the tokio shell: listener, per-client driver, dialing, shutdown.
 //! - [`auth`]: credentials the proxy holds and asks for, nonce signing.
+//! - [`cli`] and [`settings`]: one struct for flags, environment and file; merged,
+//!   checked and turned into a [`config::Config`].
 
 pub mod auth;
 pub mod cli;
@@ -18,5 +20,6 @@ pub mod metrics;
 pub mod proto;
 pub mod proxy;
 pub mod session;
+pub mod settings;
 pub mod shutdown;
 pub mod telemetry;

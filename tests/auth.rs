@@ -38,7 +38,7 @@ async fn nkey_user_signs_each_nodes_nonce_also_after_failover() {
 
     let key = NkeySeed::new(&seed).unwrap();
     let proxy = TestProxy::start_with(&[a.url(), b.url()], |c| {
-        c.credentials = Some(Credentials::Nkey(key));
+        c.session.credentials = Some(Credentials::Nkey(key));
     })
     .await;
     let c = async_nats::connect(proxy.url()).await.unwrap();
@@ -81,8 +81,8 @@ async fn trusted_proxy_signature_is_accepted_and_required() {
     // With natsproxy's key: accepted.
     let (u, k) = (user.clone(), NkeySeed::new(&proxy_seed).unwrap());
     let signed = TestProxy::start_with(&[server.url()], |c| {
-        c.credentials = u;
-        c.proxy_key = Some(k);
+        c.session.credentials = u;
+        c.session.proxy_key = Some(k);
     })
     .await;
     let c = async_nats::connect(signed.url()).await.unwrap();
@@ -92,8 +92,8 @@ async fn trusted_proxy_signature_is_accepted_and_required() {
     for key in [None, Some(NkeySeed::new(&other_seed).unwrap())] {
         let u = user.clone();
         let p = TestProxy::start_with(&[server.url()], |c| {
-            c.credentials = u;
-            c.proxy_key = key;
+            c.session.credentials = u;
+            c.session.proxy_key = key;
         })
         .await;
         let (reply, closed) =
@@ -189,7 +189,7 @@ async fn client_authentication_answers_as_nats_server_does() {
     })
     .await;
     let proxy = TestProxy::start_with(&[upstream.url()], |c| {
-        c.client_auth = Some(natsproxy::config::ClientAuth::Token("ctok".into()));
+        c.session.client_auth = Some(natsproxy::config::ClientAuth::Token("ctok".into()));
     })
     .await;
     let cases: [&[u8]; 4] = [
@@ -217,7 +217,7 @@ async fn client_authentication_answers_as_nats_server_does() {
 
     // User and password.
     let proxy = TestProxy::start_with(&[upstream.url()], |c| {
-        c.client_auth = Some(natsproxy::config::ClientAuth::UserPass {
+        c.session.client_auth = Some(natsproxy::config::ClientAuth::UserPass {
             user: "v".into(),
             pass: "p".into(),
         });

@@ -217,7 +217,7 @@ fn configuration_file_errors_name_the_key_and_the_fix() {
     let cases: &[(&str, &str)] = &[
         (
             "upstream = \"nats://n1:4222\"\npingg_interval = \"1s\"\n",
-            "unknown key `pingg_interval`",
+            "unknown field `pingg_interval`",
         ),
         (
             "upstream = \"nats://n1:4222\"\nping_interval = \"soon\"\n",
@@ -227,10 +227,10 @@ fn configuration_file_errors_name_the_key_and_the_fix() {
             "upstream = \"nats://n1:4222\"\nmax_backlog = \"huge\"\n",
             "max_backlog: `huge` is not a size",
         ),
-        ("upstream = 5\n", "key `upstream`"),
+        ("upstream = 5\n", "expected a URL string or a list"),
         (
             "upstream = \"nats://n1:4222\"\nlog_format = \"xml\"\n",
-            "use human or json",
+            "expected `human` or `json`",
         ),
         ("upstream = [\nbroken", "configuration file"),
         ("ping_interval = \"1s\"\n", "no upstream given"),
@@ -396,4 +396,182 @@ async fn sigterm_with_no_client_exits_at_once() {
         took < Duration::from_secs(1),
         "no client to wait for, yet it took {took:?} (grace 5 s)"
     );
+}
+
+/// Every option, given by its flag, by its environment variable and by the file, shows up
+/// in the effective configuration. The options are read off the command's own
+/// definition: one added without a case here fails this test.
+#[test]
+fn every_option_works_as_flag_env_and_file() {
+    use clap::CommandFactory;
+    let dir = TempDir::new("every-option");
+    let file = |name: &str, text: &str| {
+        let p = dir.0.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let seed = |name| file(name, &nkeys::KeyPair::new_user().seed().unwrap());
+    let (nkey, proxy_nkey) = (seed("user.nk"), seed("proxy.nk"));
+    let user_seed = nkeys::KeyPair::new_user().seed().unwrap();
+    let creds = file(
+        "u.creds",
+        &format!("-----BEGIN NATS USER JWT-----\na.b.c\n------END NATS USER JWT------\n\n-----BEGIN USER NKEY SEED-----\n{user_seed}\n------END USER NKEY SEED------\n"),
+    );
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let ca = file("ca.pem", &ck.cert.pem());
+    let cert = file("cert.pem", &ck.cert.pem());
+    let key = file("key.pem", &ck.key_pair.serialize_pem());
+    // (options given together, what the effective configuration then says)
+    let cases: Vec<(Vec<(&str, &str)>, String)> = vec![
+        (
+            vec![("listen", "127.0.0.1:4999")],
+            "listen = \"127.0.0.1:4999\"".into(),
+        ),
+        (
+            vec![("upstream", "nats://n7:4333")],
+            "upstream = [\"nats://n7:4333\"]".into(),
+        ),
+        (vec![("upstream-tls", "true")], "upstream_tls = true".into()),
+        (
+            vec![("upstream-tls-ca", &ca)],
+            format!("upstream_tls_ca = \"{ca}\""),
+        ),
+        (
+            vec![("upstream-tls-cert", &cert), ("upstream-tls-key", &key)],
+            format!("upstream_tls_cert = \"{cert}\"\nupstream_tls_key = \"{key}\""),
+        ),
+        (
+            vec![("upstream-tls-server-name", "nats.example")],
+            "upstream_tls_server_name = \"nats.example\"".into(),
+        ),
+        (
+            vec![("upstream-tls-insecure-skip-verify", "true")],
+            "upstream_tls_insecure_skip_verify = true".into(),
+        ),
+        (vec![("creds", &creds)], "credentials = \"Jwt(user U".into()),
+        (vec![("nkey-seed", &nkey)], "credentials = \"Nkey(U".into()),
+        (
+            vec![("user", "alice"), ("password", "hunter2")],
+            "credentials = \"UserPass(alice, ***)\"".into(),
+        ),
+        (
+            vec![("token", "t0k")],
+            "credentials = \"Token(***)\"".into(),
+        ),
+        (
+            vec![("proxy-nkey-seed", &proxy_nkey)],
+            "proxy_key = \"NkeySeed(U".into(),
+        ),
+        (
+            vec![("client-token", "ct0k")],
+            "client_auth = \"Token(***)\"".into(),
+        ),
+        (
+            vec![("client-user", "bob"), ("client-password", "hunter3")],
+            "client_auth = \"UserPass(bob, ***)\"".into(),
+        ),
+        (
+            vec![("metrics-listen", "127.0.0.1:9555")],
+            "metrics_listen = \"127.0.0.1:9555\"".into(),
+        ),
+        (
+            vec![("ping-interval", "3s")],
+            "ping_interval = \"3000ms\"".into(),
+        ),
+        (
+            vec![("connect-timeout", "4s")],
+            "connect_timeout = \"4000ms\"".into(),
+        ),
+        (vec![("max-clients", "9")], "max_clients = 9".into()),
+        (
+            vec![("max-client-pending", "1MiB")],
+            "max_client_pending = 1048576".into(),
+        ),
+        (
+            vec![("max-backlog", "2MiB")],
+            "max_backlog = 2097152".into(),
+        ),
+        (vec![("max-hold", "3MiB")], "max_hold = 3145728".into()),
+        (vec![("settle", "120ms")], "settle = \"120ms\"".into()),
+        (
+            vec![("migration-spread", "1s")],
+            "migration_spread = \"1000ms\"".into(),
+        ),
+        (
+            vec![("max-outage", "3m")],
+            "max_outage = \"180000ms\"".into(),
+        ),
+        (
+            vec![("shutdown-grace", "7s")],
+            "shutdown_grace = \"7000ms\"".into(),
+        ),
+        (vec![("log-level", "debug")], "log_level = \"debug\"".into()),
+        (vec![("log-format", "json")], "log_format = \"json\"".into()),
+    ];
+    let covered: std::collections::BTreeSet<&str> =
+        cases.iter().flat_map(|c| c.0.iter().map(|o| o.0)).collect();
+    let cmd = natsproxy::cli::Cli::command();
+    for a in cmd.get_arguments() {
+        let Some(long) = a.get_long() else { continue };
+        if ["config", "help", "version"].contains(&long) {
+            continue;
+        }
+        assert!(covered.contains(long), "--{long} has no case in this test");
+        let env = a.get_env().and_then(|e| e.to_str()).unwrap_or_default();
+        assert_eq!(
+            env,
+            format!("NATSPROXY_{}", long.to_uppercase().replace('-', "_")),
+            "--{long}'s variable"
+        );
+    }
+    let base = ("upstream", "nats://n9:4222");
+    for (given, want) in &cases {
+        let with_base: Vec<(&str, &str)> = if given.iter().any(|o| o.0 == "upstream") {
+            given.clone()
+        } else {
+            std::iter::once(base).chain(given.iter().copied()).collect()
+        };
+        // As flags.
+        let args: Vec<String> = with_base
+            .iter()
+            .flat_map(|(k, v)| [format!("--{k}"), v.to_string()])
+            .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, out, err) = check_config(&args, &[]);
+        assert_eq!(code, 0, "flags {args:?}: {err}");
+        assert!(out.contains(want.as_str()), "flags {args:?}:\n{out}");
+        // As environment variables.
+        let vars: Vec<(String, &str)> = with_base
+            .iter()
+            .map(|(k, v)| {
+                (
+                    format!("NATSPROXY_{}", k.to_uppercase().replace('-', "_")),
+                    *v,
+                )
+            })
+            .collect();
+        let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        let (code, out, err) = check_config(&[], &vars);
+        assert_eq!(code, 0, "env {vars:?}: {err}");
+        assert!(out.contains(want.as_str()), "env {vars:?}:\n{out}");
+        // In the file (booleans as TOML booleans, everything else as strings).
+        let text: String = with_base
+            .iter()
+            .map(|(k, v)| {
+                let k = k.replace('-', "_");
+                if *v == "true" {
+                    format!("{k} = true\n")
+                } else {
+                    format!("{k} = {v:?}\n")
+                }
+            })
+            .collect();
+        let f = file("every.toml", &text);
+        let (code, out, err) = check_config(&["--config", &f], &[]);
+        assert_eq!(code, 0, "file {text:?}: {err}");
+        assert!(out.contains(want.as_str()), "file {text:?}:\n{out}");
+        for secret in ["hunter2", "hunter3", "t0k", "ct0k"] {
+            assert!(!out.contains(secret), "a secret shown:\n{out}");
+        }
+    }
 }

@@ -92,7 +92,7 @@ async fn keepalive_and_confirmation_pings_keep_time_under_an_upstream_flood() {
     let upstream = format!("nats://{}", listener.local_addr().unwrap());
     let seen = Arc::new(Mutex::new(Seen::default()));
     tokio::spawn(flooding_upstream(listener, seen.clone()));
-    let p = TestProxy::start_with(&[upstream], |c| c.ping_interval = INTERVAL).await;
+    let p = TestProxy::start_with(&[upstream], |c| c.session.ping_interval = INTERVAL).await;
 
     // A raw client that subscribes and reads everything as fast as it comes.
     let mut c = TcpStream::connect(p.addr).await.unwrap();

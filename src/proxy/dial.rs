@@ -25,7 +25,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::tls::{TlsFiles, UpStream};
+use super::tls::{TlsFiles, UpstreamIo};
 use crate::config::{UpstreamTls, UpstreamUrl};
 use crate::proto::json::ServerInfo;
 
@@ -178,7 +178,7 @@ impl Dialer {
         &self,
         addr: &str,
         timeout: Duration,
-    ) -> Result<(UpStream, BytesMut), DialError> {
+    ) -> Result<(UpstreamIo, BytesMut), DialError> {
         let deadline = Instant::now() + timeout;
         let fail = |stage, tried: &[SocketAddr], source| DialError {
             addr: addr.to_owned(),
@@ -233,7 +233,7 @@ impl Dialer {
                 );
                 return Err((DialStage::Tls, e));
             }
-            Ok((UpStream::Plain(tcp), line))
+            Ok((UpstreamIo::Plain(tcp), line))
         }
         .await;
         r.map_err(|(stage, e)| fail(stage, &resolved, e))

@@ -27,11 +27,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::dial::{DialError, Dialer};
-use super::tls::UpStream;
+use super::report::{self, Holding, Reported};
+use super::tls::UpstreamIo;
 use super::Stats;
 use crate::config::Config;
-use crate::metrics::{NodeLabel, ReasonLabel};
-use crate::session::{Action, CloseReason, Epoch, Session, SessionEvent, SessionStats};
+use crate::session::{Action, CloseReason, Epoch, Session};
 
 /// Spare capacity ensured before each read.
 const READ_CHUNK: usize = 64 * 1024;
@@ -100,22 +100,12 @@ struct Upstream {
     epoch: Epoch,
     /// `host:port`, the metrics label.
     addr: String,
-    conn: Conn<UpStream>,
+    conn: Conn<UpstreamIo>,
     /// Close once the write buffer is flushed.
     closing: bool,
 }
 
-type DialFuture = Pin<Box<dyn Future<Output = Result<(UpStream, BytesMut), DialError>> + Send>>;
-
-/// What this driver last reported to the process-wide gauges and counters.
-#[derive(Default)]
-struct Reported {
-    stats: SessionStats,
-    buffers: [i64; 4],
-    has_upstream: bool,
-    bytes_to_client: u64,
-    bytes_to_upstream: u64,
-}
+type DialFuture = Pin<Box<dyn Future<Output = Result<(UpstreamIo, BytesMut), DialError>> + Send>>;
 
 enum Event {
     Shutdown,
@@ -129,7 +119,7 @@ enum Event {
     SlowConsumer,
     /// The upstream of this epoch closed (`None`: EOF) or its socket failed.
     UpstreamLost(Epoch, Option<io::Error>),
-    Dialed(Epoch, String, Result<(UpStream, BytesMut), DialError>),
+    Dialed(Epoch, String, Result<(UpstreamIo, BytesMut), DialError>),
     Timer,
 }
 
@@ -146,7 +136,7 @@ struct Driver<'a> {
     timer_at: Option<Instant>,
     /// Alternates which side is read first, so neither starves the other.
     upstream_first: bool,
-    /// What was already added to `stats`.
+    /// What this driver already added to `stats`.
     reported: Reported,
     bytes_to_client: u64,
     bytes_to_upstream: u64,
@@ -267,16 +257,12 @@ impl Driver<'_> {
                         let why =
                             e.map_or_else(|| "closed by the server".to_owned(), |e| e.to_string());
                         info!(%epoch, upstream = %u.addr, error = %why, "upstream connection lost");
-                        self.upstream_gone(&u);
+                        report::link_closed(self.stats, &u.addr);
                     }
                     self.session.handle_upstream_lost(epoch, now);
                 }
                 Event::Dialed(epoch, addr, Ok((stream, first))) => {
-                    self.stats.upstream_connects.inc();
-                    self.stats
-                        .upstream_connections
-                        .get_or_create(&NodeLabel { node: addr.clone() })
-                        .inc();
+                    report::link_opened(self.stats, &addr);
                     self.ups.push(Upstream {
                         epoch,
                         addr,
@@ -314,84 +300,23 @@ impl Driver<'_> {
         }
     }
 
-    /// Adds what changed since the last report to the process-wide metrics (cheap: a
-    /// few compares; atomics only for what changed).
+    /// Reports what changed since the last report to the process-wide metrics.
     fn sync_stats(&mut self) {
-        let st = self.stats;
-        let now = self.session.stats();
-        if *now != self.reported.stats {
-            st.add_session(&self.reported.stats, now);
-            self.reported.stats = now.clone();
-        }
-        while let Some(e) = self.session.poll_event() {
-            match e {
-                SessionEvent::Moved { reason, took } => {
-                    let l = ReasonLabel {
-                        reason: reason.to_string(),
-                    };
-                    st.migrations_by_reason.get_or_create(&l).inc();
-                    st.migration_seconds
-                        .get_or_create(&l)
-                        .observe(took.as_secs_f64());
-                    st.record_switch(took);
-                }
-                SessionEvent::Rtt(d) => st.upstream_rtt_seconds.observe(d.as_secs_f64()),
-            }
-        }
-        let (backlog, hold) = self.session.buffered();
-        let upstream_out: usize = self.ups.iter().map(|u| u.conn.wbuf.len()).sum();
-        let cur = [self.client.wbuf.len(), upstream_out, backlog, hold].map(|v| v as i64);
-        for (i, (&c, r)) in cur.iter().zip(self.reported.buffers.iter_mut()).enumerate() {
-            if c != *r {
-                st.hot.buffers[i].inc_by(c - *r);
-                *r = c;
-            }
-        }
-        let has = self.session.has_upstream();
-        if has != self.reported.has_upstream {
-            if has {
-                st.sessions_with_upstream.inc();
-            } else {
-                st.sessions_with_upstream.dec();
-            }
-            self.reported.has_upstream = has;
-        }
-        if self.bytes_to_client != self.reported.bytes_to_client {
-            st.hot
-                .bytes_to_client
-                .inc_by(self.bytes_to_client - self.reported.bytes_to_client);
-            self.reported.bytes_to_client = self.bytes_to_client;
-        }
-        if self.bytes_to_upstream != self.reported.bytes_to_upstream {
-            st.hot
-                .bytes_to_upstream
-                .inc_by(self.bytes_to_upstream - self.reported.bytes_to_upstream);
-            self.reported.bytes_to_upstream = self.bytes_to_upstream;
-        }
+        let h = Holding {
+            client_out: self.client.wbuf.len(),
+            upstream_out: self.upstream_backlog(),
+            bytes_to_client: self.bytes_to_client,
+            bytes_to_upstream: self.bytes_to_upstream,
+        };
+        self.reported.sync(self.stats, &mut self.session, h);
     }
 
     /// Takes this driver's share out of the gauges when it ends.
     fn unreport(&mut self) {
         for u in std::mem::take(&mut self.ups) {
-            self.upstream_gone(&u);
+            report::link_closed(self.stats, &u.addr);
         }
-        for (i, r) in self.reported.buffers.iter_mut().enumerate() {
-            self.stats.hot.buffers[i].dec_by(*r);
-            *r = 0;
-        }
-        if self.reported.has_upstream {
-            self.stats.sessions_with_upstream.dec();
-            self.reported.has_upstream = false;
-        }
-    }
-
-    fn upstream_gone(&self, u: &Upstream) {
-        self.stats
-            .upstream_connections
-            .get_or_create(&NodeLabel {
-                node: u.addr.clone(),
-            })
-            .dec();
+        self.reported.withdraw(self.stats);
     }
 
     fn arm_timer(&mut self) {
@@ -475,7 +400,7 @@ impl Driver<'_> {
                 Poll::Ready(Err(e)) => return Poll::Ready(Event::UpstreamLost(u.epoch, Some(e))),
                 Poll::Ready(Ok(())) if u.closing => {
                     let u = self.ups.swap_remove(i);
-                    self.upstream_gone(&u);
+                    report::link_closed(self.stats, &u.addr);
                     continue;
                 }
                 _ => {}
@@ -513,7 +438,7 @@ impl Driver<'_> {
     fn poll_client_read(&mut self, cx: &mut Context<'_>) -> Poll<Event> {
         let may_read = self.client_closing.is_none()
             && self.session.wants_client_input()
-            && self.upstream_backlog() < self.cfg.max_backlog;
+            && self.upstream_backlog() < self.cfg.session.max_backlog;
         if !may_read {
             return Poll::Pending;
         }

@@ -4,6 +4,7 @@
 pub mod dial;
 mod driver;
 pub mod http;
+mod report;
 pub mod tls;
 
 use std::io;

@@ -28,47 +28,47 @@ use tracing::{info, warn};
 use crate::config::UpstreamTls;
 
 /// An upstream connection, cleartext or TLS.
-pub enum UpStream {
+pub enum UpstreamIo {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
 
-impl AsyncRead for UpStream {
+impl AsyncRead for UpstreamIo {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            UpStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            UpstreamIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
 
-impl AsyncWrite for UpStream {
+impl AsyncWrite for UpstreamIo {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            UpStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            UpstreamIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            UpStream::Plain(s) => Pin::new(s).poll_flush(cx),
-            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            UpstreamIo::Plain(s) => Pin::new(s).poll_flush(cx),
+            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            UpStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            UpstreamIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }
@@ -153,7 +153,7 @@ impl TlsFiles {
 
     /// The TLS handshake on `tcp`, the certificate verified for `name` (a DNS name or an
     /// IP address).
-    pub async fn handshake(&self, name: &str, tcp: TcpStream) -> io::Result<UpStream> {
+    pub async fn handshake(&self, name: &str, tcp: TcpStream) -> io::Result<UpstreamIo> {
         let config = self.client_config().map_err(io::Error::other)?;
         let server_name = match name.parse::<IpAddr>() {
             Ok(ip) => ServerName::IpAddress(ip.into()),
@@ -170,7 +170,7 @@ impl TlsFiles {
             .map_err(|e| {
                 io::Error::new(e.kind(), format!("certificate checked for `{name}`: {e}"))
             })?;
-        Ok(UpStream::Tls(Box::new(s)))
+        Ok(UpstreamIo::Tls(Box::new(s)))
     }
 }
 

@@ -239,13 +239,17 @@ impl Session {
             self.send_publish(Pending::Data(ack));
             return;
         }
-        if !self.pulls.is_empty() && self.pulls.on_message(&m, self.now) == Shield::Swallow {
-            if self.pulls.stats.shielded != self.stats.statuses_shielded {
-                self.stats.statuses_shielded = self.pulls.stats.shielded;
-                info!(status = %String::from_utf8_lossy(m.headers().split(|&c| c == b'\r').next().unwrap_or_default()),
-                    sid = %String::from_utf8_lossy(m.sid()), "shielded a JetStream status from the client");
+        if !self.pulls.is_empty() {
+            match self.pulls.on_message(&m, self.now) {
+                Shield::Forward => {}
+                Shield::Hide => {
+                    self.stats.statuses_shielded += 1;
+                    info!(status = %String::from_utf8_lossy(m.headers().split(|&c| c == b'\r').next().unwrap_or_default()),
+                        sid = %String::from_utf8_lossy(m.sid()), "shielded a JetStream status from the client");
+                    return;
+                }
+                Shield::Swallow => return,
             }
-            return;
         }
         self.subs.delivered(m.sid());
         self.stats.msgs_to_client += 1;

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use serde::Serialize;
+
 use super::dedup;
 use crate::auth::{ClientAuth, Credentials, NkeySeed};
 
@@ -30,37 +32,69 @@ pub const DEFAULT_BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// Largest reconnect delay.
 pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
-/// Static configuration of a session.
-#[derive(Debug, Clone)]
+/// Static configuration of a session. Serialized (in `check-config`'s output), each
+/// field is keyed as its option; fields no option sets are skipped, and secrets show only
+/// their kind and public part.
+#[derive(Debug, Clone, Serialize)]
 pub struct SessionConfig {
     /// Upstream addresses (`host:port`) in order of preference.
+    #[serde(skip)]
     pub upstreams: Vec<String>,
     /// Credentials the proxy presents upstream instead of the client's.
+    #[serde(serialize_with = "masked", skip_serializing_if = "Option::is_none")]
     pub credentials: Option<Credentials>,
     /// The proxy's own key: signs each upstream nonce into `proxy_sig` (trusted proxies).
+    #[serde(serialize_with = "masked", skip_serializing_if = "Option::is_none")]
     pub proxy_key: Option<NkeySeed>,
     /// Credentials clients must present to the proxy (then never passed upstream).
+    #[serde(serialize_with = "masked", skip_serializing_if = "Option::is_none")]
     pub client_auth: Option<ClientAuth>,
     /// Interval of the proxy's keepalive PINGs upstream.
+    #[serde(serialize_with = "as_millis")]
     pub ping_interval: Duration,
     /// A link with a PING unanswered for `ping_interval * max_pings_out` is stale.
+    #[serde(skip)]
     pub max_pings_out: u32,
     /// Bound of client bytes buffered while they cannot be written or are unconfirmed.
     pub max_backlog: usize,
     /// Time the new link's subscriptions get to propagate before the old ones are removed.
+    #[serde(serialize_with = "as_millis")]
     pub settle: Duration,
     /// Time without any upstream before the client is closed with `-ERR`.
+    #[serde(serialize_with = "as_millis")]
     pub max_outage: Duration,
     /// A lame-duck migration dials after a random delay below this (zero: at once).
+    #[serde(serialize_with = "as_millis")]
     pub migration_spread: Duration,
+    #[serde(skip)]
     pub backoff_min: Duration,
+    #[serde(skip)]
     pub backoff_max: Duration,
     /// Bound of the overlap de-duplication memory (fingerprints).
+    #[serde(skip)]
     pub max_dedup_entries: usize,
-    /// Bound of bytes held back from the new link during an overlap.
+    /// Bound of bytes held back from the new link during an overlap (`max_hold`).
+    #[serde(rename = "max_hold")]
     pub max_hold_bytes: usize,
     /// Seed of the backoff jitter.
+    #[serde(skip)]
     pub seed: u64,
+}
+
+/// A duration as its option takes it: `"250ms"`.
+pub fn as_millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format!("{}ms", d.as_millis()))
+}
+
+/// A secret by its `Debug`, which shows only its kind and public part.
+fn masked<S: serde::Serializer, T: std::fmt::Debug>(
+    v: &Option<T>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => s.serialize_str(&format!("{v:?}")),
+        None => s.serialize_none(),
+    }
 }
 
 impl Default for SessionConfig {

@@ -80,7 +80,7 @@ use super::link::{Link, LinkState};
 use super::phase::{Overlap, Phase};
 use super::pool::NodePool;
 use super::replies::ReplyQueue;
-use super::stats::{Reason, SessionEvent, SessionStats, MAX_EVENTS};
+use super::stats::{MoveReason, SessionEvent, SessionStats, MAX_EVENTS};
 use super::subs::SubTable;
 use crate::proto::json::ClientOptions;
 use crate::proto::{ClientDecoder, Limits, ServerOp};
@@ -350,7 +350,7 @@ impl Session {
                 Err(e) => {
                     warn!(%epoch, error = %e, "protocol violation from upstream");
                     buf.clear();
-                    return self.link_lost(epoch, Reason::Protocol);
+                    return self.link_lost(epoch, MoveReason::Protocol);
                 }
             }
         }
@@ -367,6 +367,6 @@ impl Session {
     /// The upstream connection of `epoch` closed or failed to connect.
     pub fn handle_upstream_lost(&mut self, epoch: Epoch, now: Instant) {
         self.now = now;
-        self.link_lost(epoch, Reason::Closed);
+        self.link_lost(epoch, MoveReason::Closed);
     }
 }

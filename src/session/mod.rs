@@ -24,7 +24,7 @@ pub use action::{Action, CloseReason, Epoch};
 pub use backlog::{CONFIRM_BYTES, CONFIRM_DELAY};
 pub use config::*;
 pub use facade::Session;
-pub use stats::{Reason, SessionEvent, SessionStats, MAX_EVENTS};
+pub use stats::{MoveReason, SessionEvent, SessionStats, MAX_EVENTS};
 
 #[cfg(test)]
 mod tests;

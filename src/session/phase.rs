@@ -10,13 +10,13 @@ use super::backlog::Pending;
 use super::dedup::{self, Dedup};
 use super::facade::{Role, Session};
 use super::link::{Link, PingOwner};
-use super::stats::{Reason, SessionEvent};
+use super::stats::{MoveReason, SessionEvent};
 use crate::proto::{encode, Message};
 
 /// A move off a node: why, since when, from which address.
 #[derive(Debug, Clone)]
 pub(super) struct Move {
-    pub(super) reason: Reason,
+    pub(super) reason: MoveReason,
     pub(super) started: Instant,
     pub(super) from: String,
 }
@@ -107,7 +107,7 @@ impl Session {
             Role::Primary if matches!(self.phase, Phase::Steady) => {
                 // Steady ─► Migrating(Preparing).
                 let m = Move {
-                    reason: Reason::LameDuck,
+                    reason: MoveReason::LameDuck,
                     started: now,
                     from: addr,
                 };
@@ -281,7 +281,7 @@ impl Session {
 
     /// Steady or Migrating ─ the primary is gone without a completed switch ─► Outage
     /// (and at once Steady again if a standby is up).
-    pub(super) fn failover(&mut self, dead: Link, reason: Reason) {
+    pub(super) fn failover(&mut self, dead: Link, reason: MoveReason) {
         let now = self.now;
         self.stats.failovers += 1;
         self.pool.mark_failed(&dead.addr, now);
@@ -355,7 +355,8 @@ impl Session {
         let until = self.now + self.cfg.settle;
         self.overlap = match std::mem::replace(&mut self.overlap, Overlap::None) {
             Overlap::Live(mut d) | Overlap::Lingering(mut d, _) => {
-                d.old_finished();
+                let t = d.old_finished();
+                self.stats.count_overlap(t);
                 Overlap::Lingering(d, until)
             }
             Overlap::None => Overlap::None,
@@ -396,14 +397,8 @@ impl Session {
         }
     }
 
-    /// The overlap ends; what it counted goes into the session's counters.
+    /// The overlap ends (what it decided was counted as it decided).
     pub(super) fn end_overlap(&mut self) {
-        if let Overlap::Live(d) | Overlap::Lingering(d, _) =
-            std::mem::replace(&mut self.overlap, Overlap::None)
-        {
-            self.stats.duplicates_suppressed += d.suppressed;
-            self.stats.possible_duplicates += d.overflowed;
-            self.stats.echoes_suppressed += d.echoes;
-        }
+        self.overlap = Overlap::None;
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 /// Why the session moved (or is moving) to another upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
+pub enum MoveReason {
     /// The node announced lame duck mode.
     LameDuck,
     /// The connection closed or reset.
@@ -16,13 +16,13 @@ pub enum Reason {
     Protocol,
 }
 
-impl std::fmt::Display for Reason {
+impl std::fmt::Display for MoveReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Reason::LameDuck => "ldm",
-            Reason::Closed => "closed",
-            Reason::Stale => "stale",
-            Reason::Protocol => "protocol",
+            MoveReason::LameDuck => "ldm",
+            MoveReason::Closed => "closed",
+            MoveReason::Stale => "stale",
+            MoveReason::Protocol => "protocol",
         })
     }
 }
@@ -58,11 +58,20 @@ pub struct SessionStats {
     pub msgs_to_upstream: u64,
 }
 
+impl SessionStats {
+    /// What the overlap's de-duplication decided in one call.
+    pub(super) fn count_overlap(&mut self, t: super::dedup::Tally) {
+        self.duplicates_suppressed += t.suppressed;
+        self.possible_duplicates += t.overflowed;
+        self.echoes_suppressed += t.echoes;
+    }
+}
+
 /// Something the driver reports to metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionEvent {
     /// Client traffic flows on a new upstream: trigger-to-switch time.
-    Moved { reason: Reason, took: Duration },
+    Moved { reason: MoveReason, took: Duration },
     /// Round trip of a keepalive PING.
     Rtt(Duration),
 }

@@ -15,7 +15,7 @@ use super::action::{Action, CloseReason};
 use super::facade::{ClientState, Role, Session};
 use super::link::PingOwner;
 use super::phase::Phase;
-use super::stats::Reason;
+use super::stats::MoveReason;
 use crate::proto::encode;
 
 /// A named deadline of the session.
@@ -92,7 +92,7 @@ impl Session {
                 if let Some(l) = self.link(role) {
                     let epoch = l.epoch;
                     warn!(upstream = %l.addr, "upstream stale: PING unanswered");
-                    self.link_lost(epoch, Reason::Stale);
+                    self.link_lost(epoch, MoveReason::Stale);
                 }
             }
             Timer::Keepalive(role) => {

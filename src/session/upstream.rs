@@ -11,7 +11,7 @@ use super::facade::{ClientState, Role, Session};
 use super::jetstream::PullAction;
 use super::link::{Link, LinkState, PingOwner};
 use super::phase::Phase;
-use super::stats::{Reason, SessionEvent};
+use super::stats::{MoveReason, SessionEvent};
 use crate::proto::json::ServerInfo;
 use crate::proto::{encode, Limits, Message, ServerErr, ServerOp};
 
@@ -111,7 +111,7 @@ impl Session {
     pub(super) fn on_info(&mut self, epoch: Epoch, role: Role, json: &[u8]) {
         let Some(info) = ServerInfo::parse(json) else {
             warn!(%epoch, "unparsable INFO from upstream");
-            return self.link_lost(epoch, Reason::Protocol);
+            return self.link_lost(epoch, MoveReason::Protocol);
         };
         self.pool.learn(&info.connect_urls);
         let now = self.now;
@@ -253,7 +253,8 @@ impl Session {
         if let Some(d) = self.overlap.dedup_mut().filter(|d| d.covers(epoch)) {
             let fp = dedup::fingerprint(m.subject(), m.reply(), m.headers(), m.payload());
             let sid = m.raw.slice(m.sid.range());
-            d.on_message(epoch, &sid, fp, m.raw.len(), m);
+            let t = d.on_message(epoch, &sid, fp, m.raw.len(), m);
+            self.stats.count_overlap(t);
             self.forward_ready();
             // The copy may have been the proof A's UNSUBs were waiting for.
             return self.maybe_drain();
@@ -261,7 +262,7 @@ impl Session {
         self.deliver(m);
     }
 
-    pub(super) fn link_lost(&mut self, epoch: Epoch, reason: Reason) {
+    pub(super) fn link_lost(&mut self, epoch: Epoch, reason: MoveReason) {
         let Some(role) = self.role_of(epoch) else {
             return;
         };
@@ -304,7 +305,8 @@ impl Session {
         let mut placed = false;
         for action in self.pulls.on_timeout(self.now, upstream) {
             match action {
-                PullAction::ToUpstream(frame) => {
+                PullAction::Reissue(frame) => {
+                    self.stats.pulls_reissued += 1;
                     info!(request = %String::from_utf8_lossy(&frame[..frame.len().min(200)]).trim_end(), "placing a lost pull request again");
                     self.send_publish(Pending::Untracked(frame));
                     placed = true;
@@ -315,8 +317,6 @@ impl Session {
                 }
             }
         }
-        self.stats.pulls_reissued = self.pulls.stats.reissued;
-        self.stats.statuses_shielded = self.pulls.stats.shielded;
         if placed {
             self.confirm_publishes();
         }

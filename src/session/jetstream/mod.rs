@@ -20,4 +20,4 @@ mod tests;
 
 pub use phase::{Phase, Placement};
 pub use request::{is_pull_subject, parse_body, PullBody};
-pub use tracker::{PullAction, PullStats, PullTracker, Shield};
+pub use tracker::{PullAction, PullTracker, Shield};

@@ -74,36 +74,33 @@ impl Inbox {
     }
 }
 
-/// What to do with a message on a tracked inbox.
+/// What to do with a message on a tracked inbox: the tracker decides, the session counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
 pub enum Shield {
     Forward,
+    /// A status the client's library would turn into an error (the consumer moved or
+    /// is away): kept from the client, and counted as shielded.
+    Hide,
+    /// The proxy's own business (a heartbeat no client request asked for, the end of a
+    /// probe): dropped, not counted.
     Swallow,
 }
 
 /// A frame the tracker wants written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PullAction {
-    /// A placement (or re-placement) of a request, to publish upstream.
-    ToUpstream(Bytes),
+    /// A request placed again (lost with a link, or moved), to publish upstream: the
+    /// session counts each as a re-issued pull.
+    Reissue(Bytes),
     /// A status made by the proxy in the server's shape, for the client.
     ToClient(Bytes),
-}
-
-/// Counters, each counted where the decision is made.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PullStats {
-    pub tracked: u64,
-    pub reissued: u64,
-    pub shielded: u64,
-    pub heartbeats_swallowed: u64,
 }
 
 /// Pull requests of one client, per inbox subscription (sid).
 #[derive(Debug, Default)]
 pub struct PullTracker {
     inboxes: HashMap<Bytes, Inbox>,
-    pub stats: PullStats,
 }
 
 impl PullTracker {
@@ -177,7 +174,6 @@ impl PullTracker {
             last: Sequences::default(),
         });
         inbox.requests.push_back(req);
-        self.stats.tracked += 1;
         rewritten
     }
 
@@ -250,7 +246,6 @@ impl PullTracker {
                 if inbox.client_hb().is_some() {
                     Shield::Forward
                 } else {
-                    self.stats.heartbeats_swallowed += 1;
                     Shield::Swallow
                 }
             }
@@ -276,8 +271,7 @@ impl PullTracker {
                     let at = if r.body.no_wait { now } else { at };
                     r.phase = Phase::Unplaced { at, next };
                 }
-                self.stats.shielded += 1;
-                Shield::Swallow
+                Shield::Hide
             }
             PullStatus::Rejected(Rejection::ConsumerGone) => {
                 inbox.requests.clear();
@@ -293,8 +287,7 @@ impl PullTracker {
                             at: now,
                             next: Placement::Full,
                         };
-                        self.stats.shielded += 1;
-                        Shield::Swallow
+                        Shield::Hide
                     }
                     Some(i) => {
                         inbox.requests.remove(i);
@@ -414,8 +407,7 @@ impl PullTracker {
                         continue;
                     }
                     Due::Place(how) => {
-                        out.push(PullAction::ToUpstream(place(r, how, now)));
-                        self.stats.reissued += 1;
+                        out.push(PullAction::Reissue(place(r, how, now)));
                     }
                 }
                 // The phase changed; look at this request again.

@@ -1,0 +1,371 @@
+//! The overlap's memory and hold: [`Dedup`] (see the module above for the method).
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use bytes::Bytes;
+
+use crate::session::action::Epoch;
+
+/// Default bound of remembered fingerprints (about 40 bytes each).
+pub const DEFAULT_MAX_ENTRIES: usize = 200_000;
+/// Default bound of bytes held back from the new link.
+pub const DEFAULT_MAX_HOLD_BYTES: usize = 16 * 1024 * 1024;
+/// Longest the old link's UNSUBs wait past the settle delay for the new link's proof of
+/// overlap; then they go anyway (logged).
+pub const PROOF_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Fingerprint of a message's content: subject, reply, headers and payload.
+pub fn fingerprint(subject: &[u8], reply: Option<&[u8]>, headers: &[u8], payload: &[u8]) -> u64 {
+    let mut h = DefaultHasher::new();
+    subject.hash(&mut h);
+    reply.hash(&mut h);
+    headers.hash(&mut h);
+    payload.hash(&mut h);
+    h.finish()
+}
+
+type Counts = HashMap<u64, u32>;
+type Multiset = HashMap<Bytes, Counts>;
+
+fn take(m: &mut Multiset, sid: &[u8], fp: u64) -> bool {
+    m.get_mut(sid).is_some_and(|per| take_count(per, fp))
+}
+
+fn take_count(per: &mut Counts, fp: u64) -> bool {
+    match per.get_mut(&fp) {
+        Some(n) if *n > 1 => {
+            *n -= 1;
+            true
+        }
+        Some(_) => {
+            per.remove(&fp);
+            true
+        }
+        None => false,
+    }
+}
+
+fn put(m: &mut Multiset, sid: &[u8], fp: u64) {
+    match m.get_mut(sid) {
+        Some(per) => *per.entry(fp).or_insert(0) += 1,
+        None => {
+            m.insert(Bytes::copy_from_slice(sid), HashMap::from([(fp, 1)]));
+        }
+    }
+}
+
+/// What the old link delivered on one sid during the overlap.
+#[derive(Default)]
+struct OldSeen {
+    /// Delivered before the new link's replay PONG was read.
+    early: Counts,
+    /// Delivered after it.
+    late: Counts,
+    /// A message of the new link matched a late entry or none: the new link's window
+    /// has passed the early ones, which no later message of it may match.
+    early_closed: bool,
+    /// The old link delivered on this sid after the new link's replay PONG.
+    live: bool,
+    /// The new link delivered a copy of something the old one did: its interest arrived.
+    proven: bool,
+}
+
+fn count(m: &Multiset) -> usize {
+    m.values()
+        .map(|p| p.values().map(|&n| n as usize).sum::<usize>())
+        .sum()
+}
+
+struct Held<T> {
+    sid: Bytes,
+    fp: u64,
+    size: usize,
+    msg: T,
+}
+
+/// Overlap de-duplication between an old and a new link; `T` is the message.
+pub struct Dedup<T> {
+    old: Epoch,
+    /// None while the new link is being brought up: the old link's deliveries are
+    /// already remembered (see the module doc).
+    new: Option<Epoch>,
+    seen_old: HashMap<Bytes, OldSeen>,
+    seen_new: Multiset,
+    own: Multiset,
+    entries: usize,
+    max_entries: usize,
+    held: VecDeque<Held<T>>,
+    /// The fingerprints in `held`, per sid (for the proof of overlap).
+    held_index: Multiset,
+    held_bytes: usize,
+    max_hold_bytes: usize,
+    ready: VecDeque<T>,
+    /// The old link can deliver no more.
+    old_done: bool,
+    /// The new link's replay PONG was read: the old link's messages are late ones.
+    recording: bool,
+    /// What the call in progress decided; handed to the caller as it returns.
+    tally: Tally,
+}
+
+/// What one call decided, for the caller to count at once (a client that closes while
+/// the overlap lingers takes nothing uncounted with it).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub struct Tally {
+    /// Duplicates dropped.
+    pub suppressed: u64,
+    /// Messages forwarded without protection (bounds reached): possible duplicates.
+    pub overflowed: u64,
+    /// Own messages dropped (echo:false).
+    pub echoes: u64,
+}
+
+impl<T> Dedup<T> {
+    /// Starts an overlap between `old` and `new`.
+    pub fn new(old: Epoch, new: Epoch, max_entries: usize, max_hold_bytes: usize) -> Dedup<T> {
+        let mut d = Dedup::recording(old, max_entries, max_hold_bytes);
+        d.new = Some(new);
+        d
+    }
+
+    /// Starts remembering what `old` delivers before the new link exists (the old node
+    /// announced lame duck mode; the new link is being dialled).
+    pub fn recording(old: Epoch, max_entries: usize, max_hold_bytes: usize) -> Dedup<T> {
+        Dedup {
+            old,
+            new: None,
+            seen_old: HashMap::new(),
+            seen_new: Multiset::new(),
+            own: Multiset::new(),
+            entries: 0,
+            max_entries,
+            held: VecDeque::new(),
+            held_index: Multiset::new(),
+            held_bytes: 0,
+            max_hold_bytes,
+            ready: VecDeque::new(),
+            old_done: false,
+            recording: false,
+            tally: Tally::default(),
+        }
+    }
+
+    /// True if `epoch` is one of the two links of this overlap.
+    pub fn covers(&self, epoch: Epoch) -> bool {
+        epoch == self.old || Some(epoch) == self.new
+    }
+
+    /// Whether this remembers what `old` delivers for a new link not attached yet, or
+    /// not attached any more.
+    pub fn awaits_new_link(&self, old: Epoch) -> bool {
+        self.is_overlap_from(old) && self.new.is_none()
+    }
+
+    /// Whether this is the overlap of a migration away from `old` that is still going
+    /// on (the old link has not finished delivering).
+    pub fn is_overlap_from(&self, old: Epoch) -> bool {
+        self.old == old && !self.old_done
+    }
+
+    /// The new link's SUBs are written: its messages are held from now on.
+    pub fn attach(&mut self, new: Epoch) {
+        self.new = Some(new);
+    }
+
+    /// The new link is gone before the switch (it failed, or announced lame duck
+    /// mode): what it delivered is dropped (the old link still delivers everything),
+    /// what the old link delivered stays remembered for the next one.
+    pub fn detach(&mut self) {
+        self.new = None;
+        self.held.clear();
+        self.held_index.clear();
+        self.held_bytes = 0;
+        self.entries -= count(&self.seen_new);
+        self.seen_new.clear();
+        self.recording = false;
+        for o in self.seen_old.values_mut() {
+            o.early.extend(o.late.drain());
+            o.early_closed = false;
+            o.proven = false;
+        }
+    }
+
+    fn remember(&mut self, new_side: bool, sid: &[u8], fp: u64) {
+        if self.entries >= self.max_entries {
+            self.tally.overflowed += 1;
+            return;
+        }
+        self.entries += 1;
+        if new_side {
+            return put(&mut self.seen_new, sid, fp);
+        }
+        let late = self.recording;
+        let held = self
+            .held_index
+            .get(sid)
+            .is_some_and(|c| c.contains_key(&fp));
+        let o = self.old_seen(sid);
+        o.live |= late;
+        o.proven |= held;
+        let per = if late { &mut o.late } else { &mut o.early };
+        *per.entry(fp).or_insert(0) += 1;
+    }
+
+    fn old_seen(&mut self, sid: &[u8]) -> &mut OldSeen {
+        if !self.seen_old.contains_key(sid) {
+            self.seen_old
+                .insert(Bytes::copy_from_slice(sid), OldSeen::default());
+        }
+        self.seen_old.get_mut(sid).expect("inserted above")
+    }
+
+    /// A message of the old link that the new link delivered already.
+    fn take_seen_new(&mut self, sid: &[u8], fp: u64) -> bool {
+        let hit = take(&mut self.seen_new, sid, fp);
+        if hit {
+            self.entries -= 1;
+            self.tally.suppressed += 1;
+        }
+        hit
+    }
+
+    /// A message of the new link (taken in its order) that the old link delivered
+    /// already. Late entries are matched first; an early one only while every earlier
+    /// message of the new link on this sid matched an early one too, since the new
+    /// link's window is contiguous.
+    fn take_seen_old(&mut self, sid: &[u8], fp: u64) -> bool {
+        let o = self.old_seen(sid);
+        let hit = if take_count(&mut o.late, fp) {
+            o.early_closed = true;
+            true
+        } else if !o.early_closed && take_count(&mut o.early, fp) {
+            true
+        } else {
+            o.early_closed = true;
+            false
+        };
+        if hit {
+            self.entries -= 1;
+            self.tally.suppressed += 1;
+        }
+        hit
+    }
+
+    /// A message with fingerprint `fp` (and `size` bytes) on `sid` from link `epoch`.
+    /// What may be forwarded now is queued for [`pop_ready`](Self::pop_ready); what was
+    /// dropped or released unprotected is returned.
+    pub fn on_message(&mut self, epoch: Epoch, sid: &[u8], fp: u64, size: usize, msg: T) -> Tally {
+        self.admit(epoch, sid, fp, size, msg);
+        std::mem::take(&mut self.tally)
+    }
+
+    fn admit(&mut self, epoch: Epoch, sid: &[u8], fp: u64, size: usize, msg: T) {
+        if take(&mut self.own, sid, fp) {
+            self.entries -= 1;
+            self.tally.echoes += 1;
+            return;
+        }
+        if epoch == self.old {
+            if self.take_seen_new(sid, fp) {
+                // The new link delivered it first (released early): proof as well.
+                self.old_seen(sid).proven = true;
+            } else {
+                self.remember(false, sid, fp);
+                self.ready.push_back(msg);
+            }
+            return;
+        }
+        if self.old_done {
+            if !self.take_seen_old(sid, fp) {
+                self.ready.push_back(msg);
+            }
+            return;
+        }
+        if let Some(o) = self.seen_old.get_mut(sid) {
+            o.proven |= o.early.contains_key(&fp) || o.late.contains_key(&fp);
+        }
+        put(&mut self.held_index, sid, fp);
+        self.held.push_back(Held {
+            sid: Bytes::copy_from_slice(sid),
+            fp,
+            size,
+            msg,
+        });
+        self.held_bytes += size;
+        while self.held_bytes > self.max_hold_bytes {
+            let Some(h) = self.held.pop_front() else {
+                break;
+            };
+            take(&mut self.held_index, &h.sid, h.fp);
+            self.held_bytes -= h.size;
+            if !self.take_seen_old(&h.sid, h.fp) {
+                self.tally.overflowed += 1;
+                self.remember(true, &h.sid, h.fp);
+                self.ready.push_back(h.msg);
+            }
+        }
+    }
+
+    /// The new link's SUBs are registered (its replay PONG): the old link's deliveries
+    /// from now on are late ones (see the module doc).
+    pub fn start_recording(&mut self) {
+        self.recording = true;
+    }
+
+    /// The next message to forward, in order.
+    pub fn pop_ready(&mut self) -> Option<T> {
+        self.ready.pop_front()
+    }
+
+    /// Records the client's own publish (echo:false) for every sid it will be delivered on.
+    pub fn own_publish(&mut self, sids: impl Iterator<Item = Bytes>, fp: u64) {
+        for sid in sids {
+            if self.entries < self.max_entries {
+                put(&mut self.own, &sid, fp);
+                self.entries += 1;
+            }
+        }
+    }
+
+    /// The old link will deliver nothing more: release what the new link delivered,
+    /// skipping what the old one already did. The old link's entries stay (the new link
+    /// may lag behind) until the caller drops this after a linger time. Returns the
+    /// duplicates it dropped.
+    pub fn old_finished(&mut self) -> Tally {
+        if self.old_done {
+            return Tally::default();
+        }
+        self.old_done = true;
+        self.held_index.clear();
+        while let Some(h) = self.held.pop_front() {
+            self.held_bytes -= h.size;
+            if !self.take_seen_old(&h.sid, h.fp) {
+                self.ready.push_back(h.msg);
+            }
+        }
+        self.entries -= count(&self.seen_new);
+        self.seen_new.clear();
+        std::mem::take(&mut self.tally)
+    }
+
+    /// Subscriptions that are live on the old link and for which the new link has not yet
+    /// delivered a copy, among those `provable` accepts (see the module doc).
+    pub fn unproven(&self, provable: impl Fn(&[u8]) -> bool) -> usize {
+        self.seen_old
+            .iter()
+            .filter(|(sid, o)| o.live && !o.proven && provable(sid))
+            .count()
+    }
+
+    /// Remembered fingerprints.
+    pub fn entries(&self) -> usize {
+        self.entries
+    }
+
+    /// Bytes held back.
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
+    }
+}

@@ -1,0 +1,163 @@
+//! Pull requests, statuses, acks and the fast path through the whole session.
+
+use super::harness::*;
+use super::*;
+
+/// Found by the session fuzz target: with no upstream (the dial never completes), a pull
+/// request's heartbeat deadline passing again and again re-issued it into the backlog
+/// each time, past the backlog bound (and each copy would have added credit).
+#[test]
+fn no_pull_reissue_piles_up_without_an_upstream() {
+    let mut h = H::new();
+    h.actions();
+    h.client(b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB _INBOX.x.1 1\r\n");
+    h.client(b"PUB $JS.API.CONSUMER.MSG.NEXT.S.C _INBOX.x.1 67\r\n{\"batch\":3,\"expires\":0,\"idle_heartbeat\":56070000000,\"no_wait\":true}\r\n");
+    let backlog = h.s.buffered().0;
+    assert!(backlog > 0, "the request waits for an upstream");
+    for _ in 0..20 {
+        h.now += Duration::from_secs(56);
+        h.s.handle_timeout(h.now);
+        h.actions();
+    }
+    assert_eq!(h.s.buffered().0, backlog, "nothing added while no upstream");
+    assert_eq!(h.s.stats().pulls_reissued, 0);
+}
+
+#[test]
+fn fast_path_runs_keep_order_with_everything_else() {
+    let mut h = H::connected();
+    h.client(b"SUB a 1\r\nSUB b 2\r\nUNSUB 2 2\r\n");
+    let hmsg = encode::msg(b"a", b"1", None, Some(b"NATS/1.0\r\nK: v\r\n\r\n"), b"h");
+    let mut wire = Vec::new();
+    wire.extend_from_slice(b"MSG a 1 2\r\nm1\r\n");
+    wire.extend_from_slice(&hmsg);
+    wire.extend_from_slice(b"MSG a 1 r 2\r\nm2\r\nMSG b 2 1\r\nx\r\n-ERR 'some error'\r\n");
+    wire.extend_from_slice(
+        b"MSG b 2 1\r\ny\r\nmsg a 1 2\r\nm3\r\nMSG a 1 2\nm4\r\nMSG a 1 2\r\nm5",
+    );
+    let mut buf = BytesMut::from(&wire[..]);
+    h.s.handle_upstream_bytes(Epoch(1), &mut buf, h.now);
+    let a = h.actions();
+    let mut expect = Vec::new();
+    expect.extend_from_slice(b"MSG a 1 2\r\nm1\r\n");
+    expect.extend_from_slice(&hmsg);
+    expect.extend_from_slice(b"MSG a 1 r 2\r\nm2\r\nMSG b 2 1\r\nx\r\n-ERR 'some error'\r\n");
+    expect.extend_from_slice(b"MSG b 2 1\r\ny\r\nmsg a 1 2\r\nm3\r\nMSG a 1 2\nm4\r\n");
+    assert_eq!(
+        String::from_utf8_lossy(&to_client(&a)),
+        String::from_utf8_lossy(&expect)
+    );
+    // The incomplete last frame completes with the next read.
+    assert_eq!(&buf[..], b"MSG a 1 2\r\nm5");
+    buf.extend_from_slice(b"\r\n");
+    h.s.handle_upstream_bytes(Epoch(1), &mut buf, h.now);
+    let a = h.actions();
+    assert_eq!(to_client(&a), b"MSG a 1 2\r\nm5\r\n");
+    // Counted on both paths: 6 on sid 1 plus 2 on sid 2, whose auto-unsubscribe ran.
+    assert_eq!(h.s.stats().msgs_to_client, 8);
+    assert!(h.s.subs.get(b"2").is_none());
+    assert_eq!(h.s.subs.get(b"1").map(|s| s.delivered), Some(6));
+}
+
+#[test]
+fn a_redelivery_of_an_acked_message_is_acked_again_not_delivered() {
+    let mut h = H::connected();
+    h.client(b"SUB _INBOX.v 1\r\n");
+    let first = b"MSG logs.v 1 $JS.ACK.LOGS.CV.1.58.5.1795971532879267765.0 3\r\nm58\r\n";
+    assert_eq!(to_client(&h.upstream(1, first)), first.to_vec());
+    // The client acks; the ack dies with the node; the server redelivers after ack_wait.
+    h.client(b"PUB $JS.ACK.LOGS.CV.1.58.5.1795971532879267765.0 0\r\n\r\n");
+    let again = b"MSG logs.v 1 $JS.ACK.LOGS.CV.2.58.6.1795971562879267765.0 3\r\nm58\r\n";
+    let other = b"MSG logs.v 1 $JS.ACK.LOGS.CV.2.59.7.1795971562879267766.0 3\r\nm59\r\n";
+    let mut both = again.to_vec();
+    both.extend_from_slice(other);
+    let a = h.upstream(1, &both);
+    assert_eq!(
+        to_client(&a),
+        other.to_vec(),
+        "only the redelivery of what the client never acked reaches it"
+    );
+    let up = String::from_utf8(to_upstream(&a)).unwrap();
+    assert!(
+        up.contains("PUB $JS.ACK.LOGS.CV.2.58.6.1795971562879267765.0 0\r\n\r\n"),
+        "acked again by the proxy: {up:?}"
+    );
+    assert_eq!(h.s.stats().redeliveries_acked, 1);
+    // nats-server 2.9's new consumer leader sends the same first delivery again.
+    let resent = b"MSG logs.v 1 $JS.ACK.LOGS.CV.1.58.5.1795971532879267765.3 3\r\nm58\r\n";
+    let a = h.upstream(1, resent);
+    assert!(
+        to_client(&a).is_empty(),
+        "a re-sent delivery the client acked"
+    );
+    assert_eq!(h.s.stats().redeliveries_acked, 2);
+    // A NAKed message is the client's to get again.
+    h.client(b"PUB $JS.ACK.LOGS.CV.2.59.7.1795971562879267766.0 4\r\n-NAK\r\n");
+    let nak = b"MSG logs.v 1 $JS.ACK.LOGS.CV.3.59.8.1795971592879267766.0 3\r\nm59\r\n";
+    assert_eq!(to_client(&h.upstream(1, nak)), nak.to_vec());
+}
+
+#[test]
+fn pull_statuses_through_the_session_shielded_or_passed_by_class() {
+    let pull = b"PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.CV _INBOX.v 41\r\n{\"batch\":200,\"expires\":30000000000,\"x\":1}\r\n";
+    let status = |line: &str| {
+        let h = format!("NATS/1.0 {line}\r\n\r\n");
+        format!("HMSG _INBOX.v 1 {0} {0}\r\n{h}\r\n", h.len()).into_bytes()
+    };
+    for (line, shielded) in [
+        ("409 Leadership Change", true),
+        ("409 Server Shutdown", true),
+        ("503", true),
+        ("408 Request Timeout", false),
+        ("409 Consumer Deleted", false),
+        ("409 Exceeded MaxWaiting", false),
+        ("400 Bad Request", false),
+    ] {
+        let mut h = H::connected();
+        h.client(b"SUB _INBOX.v 1\r\n");
+        h.client(pull);
+        let mut a = h.upstream(1, &status(line));
+        h.s.handle_timeout(h.now);
+        a.extend(h.actions());
+        let got = to_client(&a);
+        assert_eq!(
+            got.is_empty(),
+            shielded,
+            "{line}: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        if shielded && line.starts_with("409") {
+            // Placed again at once, as a probe with the remaining batch.
+            let up = String::from_utf8(to_upstream(&a)).unwrap();
+            assert!(
+                up.contains("PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.CV _INBOX.v ")
+                    && up.contains("\"batch\":200")
+                    && up.contains("\"expires\":400000000"),
+                "{line}: {up}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_short_pull_lost_without_a_status_is_placed_again_before_it_expires() {
+    let mut h = H::connected();
+    h.client(b"SUB _INBOX.v 1\r\n");
+    h.client(b"PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.CV _INBOX.v 32\r\n{\"batch\":10,\"expires\":990000000}\r\n");
+    let t0 = h.now;
+    let mut placed = None;
+    while let Some(at) =
+        h.s.poll_timeout()
+            .filter(|&at| at < t0 + Duration::from_millis(990))
+    {
+        h.now = at;
+        h.s.handle_timeout(at);
+        let up = String::from_utf8(to_upstream(&h.actions())).unwrap();
+        if up.contains("CONSUMER.MSG.NEXT") {
+            placed = Some(at - t0);
+            break;
+        }
+    }
+    let placed = placed.expect("placed again before the client's 990 ms ran out");
+    assert!(placed <= Duration::from_millis(600), "{placed:?}");
+}

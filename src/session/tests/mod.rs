@@ -1,0 +1,11 @@
+//! Pure session tests: events in with a fake clock, actions out.
+
+use super::*;
+use crate::proto::encode;
+use bytes::{Bytes, BytesMut};
+use std::time::{Duration, Instant};
+
+mod harness;
+mod jetstream;
+mod migration;
+mod relay;
