@@ -339,17 +339,20 @@ async fn js_pull(env: &Env, path: Path, n: u64) -> f64 {
         a.await.unwrap();
     }
     let js = jetstream::new(async_nats::connect(env.url(path)).await.unwrap());
-    let mut msgs = common::vector_pull_stream(&js, &name, "C").await;
+    let mut msgs = natsproxy::vector::open(&js, &name, "C").await.unwrap();
     let start = Instant::now();
     let mut got = 0;
-    while let Some(Ok(m)) = msgs.next().await {
-        let _ = m.ack().await;
+    let end = natsproxy::vector::run(&mut msgs, |_| {
         got += 1;
         if got >= n {
-            break;
+            std::ops::ControlFlow::Break(())
+        } else {
+            std::ops::ControlFlow::Continue(())
         }
-    }
+    })
+    .await;
     let took = start.elapsed();
+    assert_eq!(end, natsproxy::vector::End::Stopped, "after {got} of {n}");
     let _ = direct.delete_stream(&name).await;
     n as f64 / took.as_secs_f64()
 }

@@ -11,6 +11,8 @@
 //! - [`auth`]: credentials the proxy holds and asks for, nonce signing.
 //! - [`cli`] and [`settings`]: one struct for flags, environment and file; merged,
 //!   checked and turned into a [`config::Config`].
+//! - `vector` (feature `demo`): Vector 0.51's consumer loop, the one copy the demo, the
+//!   tests and the benchmark run.
 
 pub mod auth;
 pub mod cli;
@@ -23,3 +25,6 @@ pub mod session;
 pub mod settings;
 pub mod shutdown;
 pub mod telemetry;
+/// Vector's JetStream source loop, shared by the demo, the tests and the benchmark.
+#[cfg(feature = "demo")]
+pub mod vector;

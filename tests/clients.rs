@@ -9,13 +9,16 @@
 //! (message id = number, retried until stored), so every loss counted is the proxy's.
 //! All clients of a scenario run side by side. Set-up: `.ci/setup` installs Go, cnats,
 //! the npm packages and nats-py.
+// Vector's loop (`natsproxy::vector`) is part of the `demo` feature.
+#![cfg(feature = "demo")]
 
 mod common;
 use common::cluster::{Cluster, ClusterOpts};
 use common::*;
 
 use async_nats::jetstream::{self, consumer::pull, stream};
-use futures::StreamExt;
+use natsproxy::vector;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -63,7 +66,8 @@ fn binaries() -> &'static (PathBuf, PathBuf) {
         let c = out.join("c-consumer");
         run_ok(
             std::process::Command::new("cc")
-                .args(["-O1", "-Wall", "-Werror", "-o"])
+                // -g -rdynamic: a crash's backtrace (consumer.c) names functions.
+                .args(["-O1", "-g", "-rdynamic", "-Wall", "-Werror", "-o"])
                 .arg(&c)
                 .arg(clients_dir().join("c/consumer.c"))
                 .arg("-lnats"),
@@ -318,7 +322,7 @@ async fn spawn_vector(url: &str, expect: u64, secs: u64) -> tokio::task::JoinHan
         .await
         .unwrap();
     let js = jetstream::new(c);
-    let mut messages = vector_pull_stream(&js, STREAM, "AN").await;
+    let mut messages = vector::open(&js, STREAM, "AN").await.unwrap();
     tokio::spawn(async move {
         let mut o = Outcome {
             name: "async-nats (Vector loop)".into(),
@@ -329,32 +333,30 @@ async fn spawn_vector(url: &str, expect: u64, secs: u64) -> tokio::task::JoinHan
         let mut seen = std::collections::HashSet::new();
         let mut last = Instant::now();
         let deadline = Instant::now() + Duration::from_secs(secs);
-        while (seen.len() as u64) < expect {
-            let next = tokio::time::timeout_at(deadline.into(), messages.next());
-            match next.await {
-                Ok(Some(Ok(m))) => {
-                    let gap = last.elapsed();
-                    if gap.as_millis() as u64 > o.max_gap_ms {
-                        o.max_gap_ms = gap.as_millis() as u64;
-                        o.resume_unix_ms = unix_ms();
-                    }
-                    last = Instant::now();
-                    let n: u64 = std::str::from_utf8(&m.payload)
-                        .unwrap_or("")
-                        .parse()
-                        .unwrap_or(0);
-                    if !seen.insert(n) {
-                        o.dups += 1;
-                    }
-                    let _ = m.ack().await;
-                }
-                Ok(Some(Err(e))) => {
-                    o.errors += 1;
-                    o.stderr = format!("Err item (Vector's source stops here): {e:?}");
-                    break;
-                }
-                Ok(None) | Err(_) => break,
+        let run = vector::run(&mut messages, |m| {
+            let gap = last.elapsed();
+            if gap.as_millis() as u64 > o.max_gap_ms {
+                o.max_gap_ms = gap.as_millis() as u64;
+                o.resume_unix_ms = unix_ms();
             }
+            last = Instant::now();
+            let n: u64 = std::str::from_utf8(&m.payload)
+                .unwrap_or("")
+                .parse()
+                .unwrap_or(0);
+            if !seen.insert(n) {
+                o.dups += 1;
+            }
+            if seen.len() as u64 >= expect {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        let end = tokio::time::timeout_at(deadline.into(), run).await;
+        if let Ok(vector::End::ErrItem(e)) = end {
+            o.errors += 1;
+            o.stderr = format!("Err item (Vector's source stops here): {e}");
         }
         o.received = seen.len() as u64;
         o.disconnects = changes.load(Ordering::Relaxed);

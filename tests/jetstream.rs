@@ -1,12 +1,15 @@
 //! A JetStream durable pull consumer read through the proxy exactly as Vector 0.51 reads
 //! it (async-nats 0.42, `consumer.stream().max_messages_per_batch(200)`, stop at the first
 //! `Err` item, ack every message).
+// Vector's loop (`natsproxy::vector`) is part of the `demo` feature.
+#![cfg(feature = "demo")]
 
 mod common;
 use common::*;
 
 use async_nats::jetstream::{self, consumer::pull, stream};
-use futures::StreamExt;
+use natsproxy::vector;
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 /// Stream, consumer and subject from the Vector configuration shipped in deploy/.
@@ -63,22 +66,22 @@ async fn vector_style_pull_consumer_through_the_proxy() {
     // The consumer goes through the proxy, as Vector's source would.
     let via = async_nats::connect(proxy.url()).await.unwrap();
     let js = jetstream::new(via);
-    let mut messages = vector_pull_stream(&js, &stream_name, &consumer_name).await;
+    let mut messages = vector::open(&js, &stream_name, &consumer_name)
+        .await
+        .unwrap();
     let mut next = 0u64;
     within(Duration::from_secs(60), "all JetStream messages", async {
-        // Vector's loop: `while let Some(Ok(msg)) = stream.next().await`.
-        while next < N {
-            let item = messages.next().await.expect("stream ended");
-            let msg = match item {
-                Ok(m) => m,
-                Err(e) => {
-                    panic!("Err item after {next} messages: {e} (Vector's source would stop here)")
-                }
-            };
+        let end = vector::run(&mut messages, |msg| {
             assert_eq!(msg.payload, bytes::Bytes::from(next.to_string()), "order");
-            msg.ack().await.unwrap();
             next += 1;
-        }
+            if next < N {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(())
+            }
+        })
+        .await;
+        assert_eq!(end, vector::End::Stopped, "after {next} messages");
     })
     .await;
     // Every ack reached the server: nothing pending, nothing waiting for an ack.

@@ -4,6 +4,8 @@
 //! stopping at the first `Err` item (Vector's `while let Some(Ok(msg))`), acking each
 //! message. A publisher on a 4th node (never restarted) sends a numbered stream with
 //! message ids (retried until stored, de-duplicated by the stream).
+// Vector's loop (`natsproxy::vector`) is part of the `demo` feature.
+#![cfg(feature = "demo")]
 
 mod common;
 use common::cluster::{http_get, Cluster, ClusterOpts};
@@ -11,6 +13,8 @@ use common::*;
 
 use async_nats::jetstream::{self, consumer::pull, stream};
 use futures::StreamExt;
+use natsproxy::vector;
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -123,22 +127,14 @@ fn spawn_vector_consumer(url: String, seen: Shared) -> tokio::task::JoinHandle<(
             .await
             .unwrap();
         let js = jetstream::new(c);
-        let mut messages = vector_pull_stream(&js, "LOGS", "CV").await;
-        while let Some(item) = messages.next().await {
-            match item {
-                Ok(m) => {
-                    let d = m.info().map(|i| i.delivered).unwrap_or(0);
-                    record(&seen, &m.payload, d);
-                    // Vector logs a failed ack and carries on.
-                    let _ = m.ack().await;
-                }
-                Err(e) => {
-                    seen.lock().unwrap().err = Some(format!("{e:?}"));
-                    return;
-                }
-            }
-        }
-        seen.lock().unwrap().err = Some("stream ended".into());
+        let mut messages = vector::open(&js, "LOGS", "CV").await.unwrap();
+        let end = vector::run(&mut messages, |m| {
+            let d = m.info().map(|i| i.delivered).unwrap_or(0);
+            record(&seen, &m.payload, d);
+            ControlFlow::Continue(())
+        })
+        .await;
+        seen.lock().unwrap().err = Some(format!("{end:?}"));
     })
 }
 

@@ -401,28 +401,3 @@ pub async fn roundtrip(c: &async_nats::Client, subject: &str) {
     )
     .await;
 }
-
-/// The pull stream Vector 0.51's JetStream source reads (async-nats 0.42,
-/// `consumer.stream().max_messages_per_batch(200).max_bytes_per_batch(0).messages()`, no
-/// heartbeat): every test and bench that claims Vector fidelity builds it here, so the
-/// copies cannot drift.
-pub async fn vector_pull_stream(
-    js: &async_nats::jetstream::Context,
-    stream: &str,
-    consumer: &str,
-) -> async_nats::jetstream::consumer::pull::Stream {
-    let consumer: async_nats::jetstream::consumer::PullConsumer = js
-        .get_stream(stream)
-        .await
-        .unwrap()
-        .get_consumer(consumer)
-        .await
-        .unwrap();
-    consumer
-        .stream()
-        .max_messages_per_batch(200)
-        .max_bytes_per_batch(0)
-        .messages()
-        .await
-        .unwrap()
-}

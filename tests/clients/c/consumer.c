@@ -7,10 +7,27 @@
  * usage: consumer js URL STREAM CONSUMER EXPECT DEADLINE_SECS
  *        consumer core URL SUBJECT - EXPECT DEADLINE_SECS
  * prints: RESULT received=N dups=N errors=N disconnects=N max_gap_ms=N resume_unix_ms=N */
+#include <execinfo.h>
 #include <nats/nats.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+/* A crash (glibc's abort on heap corruption, a segfault) prints where it happened, so
+ * that a CI log tells whether it was this program, the library, or what the library
+ * was fed. */
+static void on_fatal(int sig) {
+    static const char head[] = "FATAL signal, backtrace:\n";
+    void *frames[64];
+    int n = backtrace(frames, 64);
+    if (write(2, head, sizeof head - 1) < 0) {
+    }
+    backtrace_symbols_fd(frames, n, 2);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
 
 static volatile int disconnects = 0;
 static volatile int async_errors = 0;
@@ -75,6 +92,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: consumer js|core URL STREAM|SUBJECT CONSUMER|- EXPECT DEADLINE_SECS\n");
         return 2;
     }
+    signal(SIGABRT, on_fatal);
+    signal(SIGSEGV, on_fatal);
+    signal(SIGBUS, on_fatal);
     int core = strcmp(argv[1], "core") == 0;
     const char *url = argv[2], *stream = argv[3], *durable = argv[4];
     expect = atoi(argv[5]);
