@@ -2,6 +2,7 @@
 //! client) as the client.
 
 mod common;
+use common::raw::RawClient;
 use common::*;
 
 use bytes::Bytes;
@@ -311,40 +312,15 @@ async fn client_ping_is_answered_after_upstream_processed_earlier_ops() {
     let direct = async_nats::connect(server.url()).await.unwrap();
     for round in 0..20 {
         let subject = format!("flush.{round}");
-        let (out, closed) = {
-            let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let mut buf = vec![0u8; 4096];
-            let _ = s.read(&mut buf).await.unwrap(); // INFO
-            s.write_all(
-                format!("CONNECT {{\"verbose\":false}}\r\nSUB {subject} 1\r\nPING\r\n").as_bytes(),
-            )
-            .await
-            .unwrap();
-            let mut got = Vec::new();
-            within(T, "PONG", async {
-                while !got.ends_with(b"PONG\r\n") {
-                    let n = s.read(&mut buf).await.unwrap();
-                    got.extend_from_slice(&buf[..n]);
-                }
-            })
+        let mut c = RawClient::connect(proxy.addr).await;
+        c.send(format!("CONNECT {{\"verbose\":false}}\r\nSUB {subject} 1\r\nPING\r\n").as_bytes())
             .await;
-            direct.publish(subject.clone(), "x".into()).await.unwrap();
-            direct.flush().await.unwrap();
-            let mut msg = Vec::new();
-            let closed = within(T, "MSG after PONG", async {
-                while !msg.ends_with(b"x\r\n") {
-                    let n = s.read(&mut buf).await.unwrap();
-                    if n == 0 {
-                        return true;
-                    }
-                    msg.extend_from_slice(&buf[..n]);
-                }
-                false
-            })
-            .await;
-            (String::from_utf8_lossy(&msg).to_string(), closed)
-        };
+        c.until(b"PONG\r\n").await;
+        direct.publish(subject.clone(), "x".into()).await.unwrap();
+        direct.flush().await.unwrap();
+        let msg = c.until_or_closed(b"x\r\n").await;
+        let closed = msg.is_none();
+        let out = String::from_utf8_lossy(&msg.unwrap_or_default()).to_string();
         assert!(!closed);
         assert_eq!(out, format!("MSG {subject} 1 1\r\nx\r\n"));
     }
@@ -353,21 +329,10 @@ async fn client_ping_is_answered_after_upstream_processed_earlier_ops() {
 #[tokio::test]
 async fn client_without_headers_gets_plain_msg() {
     let (server, proxy) = setup().await;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    let mut buf = vec![0u8; 4096];
-    let _ = s.read(&mut buf).await.unwrap();
-    s.write_all(b"CONNECT {\"verbose\":false}\r\nSUB foo 1\r\nPING\r\n")
-        .await
-        .unwrap();
-    let mut got = Vec::new();
-    within(T, "PONG", async {
-        while !got.ends_with(b"PONG\r\n") {
-            let n = s.read(&mut buf).await.unwrap();
-            got.extend_from_slice(&buf[..n]);
-        }
-    })
-    .await;
+    let mut c = RawClient::connect(proxy.addr).await;
+    c.send(b"CONNECT {\"verbose\":false}\r\nSUB foo 1\r\nPING\r\n")
+        .await;
+    c.until(b"PONG\r\n").await;
     let direct = async_nats::connect(server.url()).await.unwrap();
     let mut h = async_nats::HeaderMap::new();
     h.insert("A", "b");
@@ -376,14 +341,7 @@ async fn client_without_headers_gets_plain_msg() {
         .await
         .unwrap();
     direct.flush().await.unwrap();
-    let mut msg = Vec::new();
-    within(T, "stripped message", async {
-        while !msg.ends_with(b"hi\r\n") {
-            let n = s.read(&mut buf).await.unwrap();
-            msg.extend_from_slice(&buf[..n]);
-        }
-    })
-    .await;
+    let msg = c.until(b"hi\r\n").await;
     // What nats-server does for a subscriber without header support.
     assert_eq!(msg, b"MSG foo 1 2\r\nhi\r\n");
 }

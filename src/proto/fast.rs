@@ -61,6 +61,7 @@ pub(super) fn split_args<const N: usize>(
 }
 
 /// nats-server's `parseSize`, as [`args::size`], by hand.
+#[inline(always)]
 pub(super) fn parse_size(d: &[u8]) -> Option<usize> {
     if d.is_empty() || d.len() > 9 {
         return None;
@@ -75,7 +76,7 @@ static BLANK: Class = class(b" \t");
 
 /// PUB's arguments in `buf[start..end]`, as [`args::pub_args`] reads them: spans of
 /// the subject, the reply and the size.
-#[inline]
+#[inline(always)]
 pub(super) fn pub_args(buf: &[u8], start: usize, end: usize) -> Option<(Span, Option<Span>, Span)> {
     let (f, n) = split_args::<3>(buf, start, end, &BLANK)?;
     match n {

@@ -4,6 +4,7 @@
 
 pub mod balancer;
 pub mod cluster;
+pub mod raw;
 pub mod roll;
 
 use std::future::Future;
@@ -330,26 +331,10 @@ pub fn init_logs() {
 /// collects everything until the peer closes, or until the output ends with `PONG\r\n`
 /// when `input` ends with a PING. Server PINGs are dropped from the output.
 pub async fn raw_exchange(addr: SocketAddr, input: &[u8]) -> (String, bool) {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let mut info = Vec::new();
-    within(Duration::from_secs(5), "INFO line", async {
-        let mut b = [0u8; 1];
-        while !info.ends_with(b"\r\n") {
-            if s.read(&mut b).await.unwrap() == 0 {
-                break;
-            }
-            info.push(b[0]);
-        }
-    })
-    .await;
-    assert!(
-        info.starts_with(b"INFO "),
-        "no INFO: {:?}",
-        String::from_utf8_lossy(&info)
-    );
+    let (mut s, pending) = raw::RawClient::connect(addr).await.into_parts();
     s.write_all(input).await.unwrap();
     let expect_pong = input.ends_with(b"PING\r\n") || input.ends_with(b"PING\n");
-    let mut out = Vec::new();
+    let mut out = pending;
     let mut closed = false;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
     loop {
