@@ -31,6 +31,8 @@ use nom::error::{Error, ErrorKind};
 use nom::sequence::preceded;
 use nom::{IResult, Parser};
 
+use super::op::Span;
+
 type In<'a> = &'a [u8];
 
 /// Which bytes separate fields: `CRLF` false for spaces and tabs (PUB, HPUB), true for
@@ -259,10 +261,11 @@ pub(super) fn text(args: In<'_>) -> In<'_> {
     &args[..end]
 }
 
-/// Where `part`, a sub-slice of `whole`, starts in it.
+/// Where `part`, a sub-slice of `whole`, lies in it.
 #[inline(always)]
-pub(super) fn offset(whole: &[u8], part: &[u8]) -> usize {
-    part.as_ptr() as usize - whole.as_ptr() as usize
+pub(super) fn span(whole: &[u8], part: &[u8]) -> Span {
+    let start = part.as_ptr() as usize - whole.as_ptr() as usize;
+    Span::new(start..start + part.len())
 }
 
 #[cfg(test)]

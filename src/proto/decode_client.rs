@@ -4,7 +4,7 @@
 
 use bytes::{Buf, BytesMut};
 
-use super::args::{self, offset};
+use super::args;
 use super::error::ProtoError;
 use super::fast;
 use super::framer::{Framer, Step, Verb, CLIENT_VERBS};
@@ -51,7 +51,7 @@ impl ClientDecoder {
             Some(Step::Line(l)) => l,
         };
         let (a, b) = (line.arg_start, line.arg_end);
-        let span = |f: &[u8]| Span::new(offset(buf, f)..offset(buf, f) + f.len());
+        let span = |f: &[u8]| args::span(buf, f);
         let op = match line.verb {
             Verb::Ping => ClientOp::Ping,
             Verb::Pong => ClientOp::Pong,

@@ -4,7 +4,7 @@
 
 use bytes::{Buf, BytesMut};
 
-use super::args::{self, offset};
+use super::args;
 use super::error::ProtoError;
 use super::fast::{parse_size, split_args, ARG_SEP};
 use super::framer::{skip_blanks, Framer, Step, Verb, SERVER_VERBS};
@@ -118,7 +118,7 @@ impl ServerDecoder {
             Some(Step::Line(l)) => l,
         };
         let (a, b) = (line.arg_start, line.arg_end);
-        let span = |f: &[u8]| Span::new(offset(buf, f)..offset(buf, f) + f.len());
+        let span = |f: &[u8]| args::span(buf, f);
         let op = match line.verb {
             Verb::Ping => ServerOp::Ping,
             Verb::Pong => ServerOp::Pong,
