@@ -62,6 +62,8 @@ pub struct Stats {
     pub subs_replayed: Counter,
     pub pulls_reissued: Counter,
     pub statuses_shielded: Counter,
+    pub redeliveries_acked: Counter,
+    pub heartbeats_amended: Counter,
     pub duplicates_suppressed: Counter,
     pub possible_duplicates: Counter,
     pub publishes_resent: Counter,
@@ -164,6 +166,8 @@ impl Stats {
             subs_replayed: Counter::default(),
             pulls_reissued: Counter::default(),
             statuses_shielded: Counter::default(),
+            redeliveries_acked: Counter::default(),
+            heartbeats_amended: Counter::default(),
             duplicates_suppressed: Counter::default(),
             possible_duplicates: Counter::default(),
             publishes_resent: Counter::default(),
@@ -234,6 +238,16 @@ impl Stats {
             "statuses_shielded",
             "JetStream statuses kept from clients (503 and others their library turns into errors)",
             s.statuses_shielded.clone(),
+        );
+        r.register(
+            "redeliveries_acked",
+            "Redeliveries of messages the client had acked (its ack lost upstream), acked again by the proxy and kept from the client",
+            s.redeliveries_acked.clone(),
+        );
+        r.register(
+            "heartbeats_amended",
+            "Push consumer idle heartbeats amended to name the client's last delivery instead of a redelivery kept from it",
+            s.heartbeats_amended.clone(),
         );
         r.register(
             "duplicates_suppressed",
@@ -325,6 +339,16 @@ impl Stats {
             &self.statuses_shielded,
             before.statuses_shielded,
             now.statuses_shielded,
+        );
+        add(
+            &self.redeliveries_acked,
+            before.redeliveries_acked,
+            now.redeliveries_acked,
+        );
+        add(
+            &self.heartbeats_amended,
+            before.heartbeats_amended,
+            now.heartbeats_amended,
         );
         add(
             &self.hot.msgs_to_client,

@@ -13,10 +13,10 @@
 #![cfg(feature = "demo")]
 
 mod common;
-use common::cluster::{Cluster, ClusterOpts};
+use common::cluster::{http_get, Cluster, ClusterOpts};
 use common::*;
 
-use async_nats::jetstream::{self, consumer::pull, stream};
+use async_nats::jetstream::{self, consumer::pull, consumer::push, stream};
 use natsproxy::vector;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -453,6 +453,16 @@ async fn start(
     secs: u64,
 ) -> Run {
     init_logs();
+    // NATSPROXY_CLIENTS=a,b runs only the clients whose names contain a or b (the Vector
+    // loop is "async-nats"): to chase one client's failure without the others' load.
+    let only: Option<Vec<String>> = std::env::var("NATSPROXY_CLIENTS")
+        .ok()
+        .map(|v| v.split(',').map(str::to_owned).collect());
+    let wanted = |name: &str| {
+        only.as_ref()
+            .is_none_or(|o| o.iter().any(|w| name.contains(w.as_str())))
+    };
+    let clients: Vec<Client> = clients.into_iter().filter(|c| wanted(&c.name)).collect();
     let cluster = Cluster::start(ClusterOpts {
         nodes: 3,
         jetstream: true,
@@ -477,9 +487,11 @@ async fn start(
         tasks.push(spawn_client(c, &p.url(), expect, secs, probed.clone()).await);
         proxies.push(p);
     }
-    let p = TestProxy::start(&cluster.urls()).await;
-    tasks.push(spawn_vector(&p.url(), expect, secs).await);
-    proxies.push(p);
+    if wanted("async-nats (Vector loop)") {
+        let p = TestProxy::start(&cluster.urls()).await;
+        tasks.push(spawn_vector(&p.url(), expect, secs).await);
+        proxies.push(p);
+    }
     let cores = clients.iter().filter(|c| c.mode == Mode::Core).count() as u64;
     Run {
         cluster,
@@ -659,4 +671,206 @@ async fn every_client_through_a_40s_outage_of_its_r1_consumer() {
             o.name
         );
     }
+}
+
+/// The delivered consumer sequence of `consumer` in node `i`'s own replica (`/jsz`).
+async fn replica_delivered(cluster: &Cluster, i: usize, consumer: &str) -> Option<u64> {
+    fn find(v: &serde_json::Value, name: &str) -> Option<u64> {
+        match v {
+            serde_json::Value::Object(o) => {
+                if o.get("name").and_then(|n| n.as_str()) == Some(name) {
+                    if let Some(d) = o.get("delivered") {
+                        return d.get("consumer_seq")?.as_u64();
+                    }
+                }
+                o.values().find_map(|v| find(v, name))
+            }
+            serde_json::Value::Array(a) => a.iter().find_map(|v| find(v, name)),
+            _ => None,
+        }
+    }
+    let body = http_get(
+        cluster.nodes[i].http,
+        "/jsz?accounts=true&streams=true&consumers=true",
+    )
+    .await?;
+    find(&serde_json::from_str(&body).ok()?, consumer)
+}
+
+/// nats-py's push consumer with idle heartbeats; the ack of its first message dies with
+/// the consumer leader (frozen, the ack queued in a route to it, then killed), so the
+/// next leader sends the message again. The proxy acks it again and keeps it from the
+/// client. On 2.10 and later the replicas know the delivery and it is a redelivery with
+/// the next consumer sequence: the heartbeats that follow name it as the server's last,
+/// nats-py would report a ConsumerSequenceMismatchError for each (seen in CI in the
+/// rolling restart above), and the proxy amends them. 2.9.10's replicas do not show
+/// the delivery (their `/jsz` says 0): its next leader redelivers (seen), or may send
+/// the same first delivery again, whose heartbeats name the client's own last. Either
+/// way: no error, no disconnect, each message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_py_push_consumer_through_a_redelivery_of_what_it_acked() {
+    use tokio::io::AsyncWriteExt;
+    init_logs();
+    let replicas_track_deliveries = !server_version().starts_with("2.9.");
+    let mut cluster = Cluster::start(ClusterOpts {
+        nodes: 3,
+        jetstream: true,
+        ..Default::default()
+    })
+    .await;
+    let js = jetstream::new(async_nats::connect(cluster.nodes[0].url()).await.unwrap());
+    let mut consumer = within(Duration::from_secs(30), "stream and push consumer", async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let Ok(s) = js
+                .create_stream(stream::Config {
+                    name: "HB".into(),
+                    subjects: vec!["hb.>".into()],
+                    num_replicas: 3,
+                    ..Default::default()
+                })
+                .await
+            else {
+                continue;
+            };
+            let made = s
+                .create_consumer(push::Config {
+                    durable_name: Some("HB".into()),
+                    deliver_subject: "dlv.hb".into(),
+                    ack_wait: Duration::from_secs(2),
+                    idle_heartbeat: Duration::from_millis(500),
+                    num_replicas: 3,
+                    ..Default::default()
+                })
+                .await;
+            if let Ok(c) = made {
+                return c;
+            }
+        }
+    })
+    .await;
+    let leader = within(Duration::from_secs(30), "consumer leader", async {
+        loop {
+            if let Ok(i) = consumer.info().await {
+                if let Some(l) = i.cluster.as_ref().and_then(|c| c.leader.clone()) {
+                    return l;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let l = cluster.nodes.iter().position(|n| n.name == leader).unwrap();
+    let others: Vec<usize> = (0..3).filter(|&i| i != l).collect();
+    // The proxy's link goes to a node that stays.
+    let urls: Vec<String> = others.iter().map(|&i| cluster.nodes[i].url()).collect();
+    let proxy = TestProxy::start(&urls).await;
+    let mut child = Command::new(python())
+        .arg(clients_dir().join("py/redelivery.py"))
+        .args([&proxy.url(), "HB", "HB", "hb.>"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python (run .ci/setup)");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut errs = BufReader::new(child.stderr.take().unwrap()).lines();
+    let stderr = tokio::spawn(async move {
+        let mut all = String::new();
+        while let Ok(Some(l)) = errs.next_line().await {
+            eprintln!("[nats-py redelivery] {l}");
+            all += &l;
+            all.push('\n');
+        }
+        all
+    });
+    let mut expect_line = async |what: &str| -> String {
+        within(Duration::from_secs(30), what, async {
+            match out.next_line().await.unwrap() {
+                Some(l) if l.starts_with(what) => l,
+                Some(l) => panic!("expected {what}, got {l:?}"),
+                None => panic!("redelivery.py exited before {what}"),
+            }
+        })
+        .await
+    };
+    expect_line("READY").await;
+    let publisher = jetstream::new(
+        async_nats::connect(cluster.nodes[others[0]].url())
+            .await
+            .unwrap(),
+    );
+    // Retried: after the kill, the stream may be electing a leader.
+    let publish = async |n: &str| {
+        within(Duration::from_secs(30), "publish", async {
+            loop {
+                if let Ok(ack) = publisher.publish("hb.v", n.to_owned().into()).await {
+                    if ack.await.is_ok() {
+                        return;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+    };
+    publish("1").await;
+    assert_eq!(expect_line("GOT").await, "GOT 1 1 1");
+    if replicas_track_deliveries {
+        within(Duration::from_secs(10), "delivery replicated", async {
+            for &i in &others {
+                while replica_delivered(&cluster, i, "HB").await != Some(1) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        })
+        .await;
+    }
+    cluster.stop(l);
+    stdin.write_all(b"ack\n").await.unwrap();
+    expect_line("ACKED").await;
+    cluster.kill(l);
+    within(
+        Duration::from_secs(30),
+        "message 1 sent again and acked again",
+        async {
+            while proxy.stats.redeliveries_acked.get() == 0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        },
+    )
+    .await;
+    // Three heartbeats reach the client (each one a message to it).
+    let sent = proxy.stats.hot.msgs_to_client.get();
+    within(Duration::from_secs(10), "heartbeats", async {
+        while proxy.stats.hot.msgs_to_client.get() < sent + 3 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    // A redelivery (the next consumer sequence) has every heartbeat after it amended; a
+    // re-send (2.9.10, when its next leader did not know of the delivery) none.
+    let amended = proxy.stats.heartbeats_amended.get();
+    let redelivered = replicas_track_deliveries || amended > 0;
+    if redelivered {
+        assert!(amended >= 3, "{amended} heartbeats amended");
+    }
+    // A new message reaches the client, with the consumer sequence after the one sent
+    // again.
+    publish("2").await;
+    let next = if redelivered { 3 } else { 2 };
+    assert_eq!(expect_line("GOT").await, format!("GOT 2 1 {next}"));
+    stdin.write_all(b"ack\n").await.unwrap();
+    expect_line("ACKED").await;
+    stdin.write_all(b"end\n").await.unwrap();
+    let result = expect_line("RESULT").await;
+    let stderr = stderr.await.unwrap();
+    assert_eq!(
+        result, "RESULT got=2 errors=0 disconnects=0",
+        "nats-py noticed:\n{stderr}"
+    );
+    assert!(child.wait().await.unwrap().success());
+    proxy.stop().await;
 }

@@ -9,6 +9,7 @@ use super::action::{Action, CloseReason};
 use super::backlog::Pending;
 use super::dedup;
 use super::facade::{ClientState, Role, Session};
+use super::jetstream::acks::AckRef;
 use super::jetstream::{self, Shield};
 use super::link::{Link, LinkState};
 use super::phase::Phase;
@@ -234,6 +235,12 @@ impl Session {
                 self.pulls
                     .on_delivery(m.sid(), Some(reply), m.total_len(), self.now);
             }
+            if !self.pulls.tracks(m.sid()) {
+                // A push consumer's: its heartbeats must not name this delivery.
+                if let Some(a) = AckRef::parse(reply).filter(|a| a.delivered > 1) {
+                    self.subs.hid_redelivery(m.sid(), a.consumer_seq);
+                }
+            }
             self.subs.delivered(m.sid());
             self.stats.redeliveries_acked += 1;
             self.send_publish(Pending::Data(ack));
@@ -257,8 +264,23 @@ impl Session {
             // What nats-server does for clients without header support: strip them.
             let b = encode::msg(m.subject(), m.sid(), m.reply(), None, m.payload());
             self.send_client(b);
+        } else if let Some(b) = self.amended_heartbeat(&m) {
+            self.stats.heartbeats_amended += 1;
+            self.send_client(b);
         } else {
             self.send_client(m.raw);
         }
+    }
+
+    /// `m` amended when it is an idle heartbeat that names a delivery the proxy hid.
+    fn amended_heartbeat(&self, m: &Message) -> Option<Bytes> {
+        if !m.has_headers() || m.reply().is_some() {
+            return None;
+        }
+        let run = self.subs.get(m.sid())?.hidden?;
+        let b = run.amend(m)?;
+        debug!(sid = %String::from_utf8_lossy(m.sid()), last_consumer = run.first - 1,
+            "amended a heartbeat that named a redelivery hidden from the client");
+        Some(b)
     }
 }

@@ -50,6 +50,8 @@ pub struct SessionStats {
     pub pulls_reissued: u64,
     /// Redeliveries of messages the client had acked, acked again by the proxy.
     pub redeliveries_acked: u64,
+    /// Idle heartbeats amended to name the client's last delivery, not a hidden one.
+    pub heartbeats_amended: u64,
     /// Statuses kept from the client (503 and others its library turns into errors).
     pub statuses_shielded: u64,
     /// Messages relayed to the client.

@@ -3,6 +3,7 @@
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
 
+use super::jetstream::heartbeat::HiddenRun;
 use crate::proto::encode;
 
 /// One subscription as the client made it.
@@ -14,6 +15,8 @@ pub struct Sub {
     pub max: Option<u64>,
     /// Messages delivered to the client on this sid so far.
     pub delivered: u64,
+    /// The redeliveries hidden from the client last, in a row (for its heartbeats).
+    pub hidden: Option<HiddenRun>,
     /// Creation order, so that replay preserves the client's order.
     order: u64,
 }
@@ -41,6 +44,7 @@ impl SubTable {
                 queue,
                 max: None,
                 delivered: 0,
+                hidden: None,
                 order: self.next_order,
             },
         );
@@ -66,6 +70,13 @@ impl SubTable {
             if s.max.is_some_and(|m| s.delivered >= m) {
                 self.subs.remove(sid);
             }
+        }
+    }
+
+    /// A redelivery with `consumer_seq` was hidden from the client on `sid`.
+    pub fn hid_redelivery(&mut self, sid: &[u8], consumer_seq: u64) {
+        if let Some(s) = self.subs.get_mut(sid) {
+            s.hidden = Some(HiddenRun::after(s.hidden, consumer_seq));
         }
     }
 

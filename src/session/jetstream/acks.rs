@@ -59,7 +59,7 @@ pub struct AckRef<'a> {
 }
 
 /// A decimal token (at most 20 digits), without going through `str`.
-fn number(t: &[u8]) -> Option<u64> {
+pub(super) fn number(t: &[u8]) -> Option<u64> {
     if t.is_empty() || t.len() > 20 {
         return None;
     }

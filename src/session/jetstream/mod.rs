@@ -8,9 +8,11 @@
 //! The proxy tracks every request per inbox, hides the statuses that only say the
 //! consumer moved or is away, places lost requests again, and keeps the client's
 //! heartbeat monitor fed while the consumer is away; it also remembers the client's acks
-//! ([`acks`]) so that a redelivery of an acked message is acked again, not delivered.
+//! ([`acks`]) so that a redelivery of an acked message is acked again, not delivered,
+//! and amends the push consumer's heartbeats that would tell ([`heartbeat`]).
 
 pub mod acks;
+pub mod heartbeat;
 pub mod phase;
 pub mod request;
 pub mod tracker;

@@ -97,6 +97,61 @@ fn a_redelivery_of_an_acked_message_is_acked_again_not_delivered() {
     assert_eq!(to_client(&h.upstream(1, nak)), nak.to_vec());
 }
 
+fn idle_heartbeat(last_consumer: u64) -> Vec<u8> {
+    let h = format!(
+        "NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: {last_consumer}\r\nNats-Last-Stream: 3000\r\n\r\n"
+    );
+    format!("HMSG dlv 1 {0} {0}\r\n{h}\r\n", h.len()).into_bytes()
+}
+
+/// Seen in CI: nats-py's push consumer reported `ConsumerSequenceMismatch` for every
+/// heartbeat after the proxy hid a redelivery, the heartbeat naming the hidden one.
+#[test]
+fn a_push_consumers_heartbeat_never_names_a_redelivery_hidden_from_the_client() {
+    let mut h = H::connected();
+    h.client(b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB dlv 1\r\n");
+    let d = |dlv: u64, sseq: u64, cseq: u64| {
+        format!(
+            "MSG dlv 1 $JS.ACK.LOGS.PUSH.{dlv}.{sseq}.{cseq}.179597153287926{cseq}.0 1\r\nx\r\n"
+        )
+        .into_bytes()
+    };
+    for n in 2999..=3000 {
+        assert_eq!(to_client(&h.upstream(1, &d(1, n, n))), d(1, n, n));
+        h.client(
+            format!("PUB $JS.ACK.LOGS.PUSH.1.{n}.{n}.179597153287926{n}.0 0\r\n\r\n").as_bytes(),
+        );
+    }
+    // Both acks died with a node: the server redelivers both, as 3001 and 3002.
+    assert!(to_client(&h.upstream(1, &d(2, 2999, 3001))).is_empty());
+    assert!(to_client(&h.upstream(1, &d(2, 3000, 3002))).is_empty());
+    assert_eq!(h.s.stats().redeliveries_acked, 2);
+    let a = h.upstream(1, &idle_heartbeat(3002));
+    assert_eq!(
+        String::from_utf8(to_client(&a)).unwrap(),
+        String::from_utf8(idle_heartbeat(3000)).unwrap(),
+        "the heartbeat names the client's last delivery"
+    );
+    assert_eq!(h.s.stats().heartbeats_amended, 1);
+    // A new message reaches the client: its heartbeats are the server's again.
+    assert_eq!(
+        to_client(&h.upstream(1, &d(1, 3001, 3003))),
+        d(1, 3001, 3003)
+    );
+    assert_eq!(
+        to_client(&h.upstream(1, &idle_heartbeat(3003))),
+        idle_heartbeat(3003)
+    );
+    // A re-send of what the client has (`<delivered>` 1) changes nothing.
+    h.client(b"PUB $JS.ACK.LOGS.PUSH.1.3001.3003.1795971532879263003.0 0\r\n\r\n");
+    assert!(to_client(&h.upstream(1, &d(1, 3001, 3003))).is_empty());
+    assert_eq!(
+        to_client(&h.upstream(1, &idle_heartbeat(3003))),
+        idle_heartbeat(3003)
+    );
+    assert_eq!(h.s.stats().heartbeats_amended, 1);
+}
+
 #[test]
 fn pull_statuses_through_the_session_shielded_or_passed_by_class() {
     let pull = b"PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.CV _INBOX.v 41\r\n{\"batch\":200,\"expires\":30000000000,\"x\":1}\r\n";

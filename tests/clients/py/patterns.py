@@ -48,7 +48,8 @@ async def main(url, stream, expect, secs, ordered):
         print("ERROR reconnected", file=sys.stderr, flush=True)
 
     async def on_error(e):
-        error(f"async: {e!r}")
+        # vars(): a ConsumerSequenceMismatchError's sequences are attributes only.
+        error(f"async: {type(e).__name__}: {vars(e) or e!r}")
 
     nc = await nats.connect(url, name="py-patterns", max_reconnect_attempts=-1,
                             disconnected_cb=on_disconnect, reconnected_cb=on_reconnect,
