@@ -10,7 +10,7 @@
 //!                   │   └──(unanswered by until + PROBE_GRACE: Probe)─────┘  │
 //!                   └──(at, upstream, no other probe on the inbox)──────────►┘
 //!                          Probing ──(answered: 408, 100 or a delivery)──► Unplaced{now, Full}
-//!   Unplaced at the client's deadline ──► 408 Request Timeout made by the proxy
+//!   Unplaced at the client's deadline - EXPIRE_LEAD ──► 408 Request Timeout made by the proxy
 //!   Unplaced no_wait ──► 404 No Messages made by the proxy, at once
 //!   Live past deadline + LIVE_EXPIRY_GRACE without an end ──► forgotten
 //! ```
@@ -51,6 +51,13 @@ pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 pub const HB_SLACK: Duration = Duration::from_millis(50);
 /// How long past its deadline a placed request's `408` may come before it is forgotten.
 pub const LIVE_EXPIRY_GRACE: Duration = Duration::from_secs(1);
+/// How long before the client's deadline the proxy's own `408` ends an unplaced request
+/// (at most; a tenth of the request's expiry when that is less). The client's timer fires
+/// at the deadline too: a `408` that comes after it is taken by the client's next request
+/// on the same inbox. cnats 3.4's `Fetch` then takes the late `404` of its own next
+/// `no_wait` for the answer to the request after it, and reports `Not Found` (seen in CI:
+/// 4 errors while an R1 consumer was away 40 s, the proxy's timers late under load).
+pub const EXPIRE_LEAD: Duration = Duration::from_millis(50);
 
 /// The next placement of an unplaced request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,7 +97,8 @@ pub(super) struct Request {
 /// What is due for one request, and when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Due {
-    /// Unplaced at the client's deadline: the proxy writes the server's `408`.
+    /// Unplaced at the client's deadline (less [`EXPIRE_LEAD`]): the proxy writes the
+    /// server's `408`.
     Expire,
     /// Placed, and its end never came by the deadline + [`LIVE_EXPIRY_GRACE`]: forgotten
     /// without a word (the client's own timer has ended it; a late status would only
@@ -110,6 +118,17 @@ impl Request {
         self.deadline.map(|d| d.saturating_duration_since(now))
     }
 
+    /// When the proxy ends the request with its own `408` if it is still unplaced: a
+    /// little before the client's deadline, so that the status reaches the client before
+    /// its own timer ends the request.
+    pub(super) fn expire_at(&self) -> Option<Instant> {
+        let lead = self
+            .body
+            .expires
+            .map_or(EXPIRE_LEAD, |e| (e / 10).min(EXPIRE_LEAD));
+        self.deadline.map(|d| d.checked_sub(lead).unwrap_or(d))
+    }
+
     /// The next event of this request; `upstream`: a link can carry a placement now;
     /// `probe_out`: another request of the inbox is probing.
     pub(super) fn due(
@@ -121,7 +140,7 @@ impl Request {
         // A probe ends through `ProbeUnanswered` (then `Expire` at once, past the
         // deadline): its 408, if the consumer is there, comes at `until`.
         let expire = match self.phase {
-            Phase::Unplaced { .. } => self.deadline.map(|t| (t, Due::Expire)),
+            Phase::Unplaced { .. } => self.expire_at().map(|t| (t, Due::Expire)),
             // The server answers a no_wait request at once; one without an expiry
             // (cnats, nats.go's first Fetch request) that got no answer is gone.
             Phase::Live { placed } => self

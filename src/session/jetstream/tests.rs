@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
-use super::phase::{PROBE_EXPIRES, PROBE_GRACE, PROBE_INTERVAL};
+use super::phase::{EXPIRE_LEAD, PROBE_EXPIRES, PROBE_GRACE, PROBE_INTERVAL};
 use super::*;
 use crate::proto::{encode, Limits, Message, ServerDecoder, ServerOp};
 
@@ -366,6 +366,42 @@ fn while_the_consumer_is_away_the_client_gets_heartbeats_and_probes_are_bounded(
         "408 Request Timeout\r\nNats-Pending-Messages: 256\r\nNats-Pending-Bytes: 0\r\n"
     ));
     assert!(t.is_empty());
+}
+
+/// cnats 3.4 `Fetch(64, 1 s)` while its R1 consumer is away (2.15: every placement gets a
+/// `503`): the proxy's `408` comes before the client's deadline, so that the client's own
+/// timer does not end the request first and leave the `408` to its next request.
+#[test]
+fn the_proxys_408_comes_before_the_clients_deadline() {
+    let t0 = Instant::now();
+    let mut t = PullTracker::default();
+    request(&mut t, br#"{"batch":64,"expires":998000000}"#, t0);
+    assert_eq!(t.on_message(&status("1", "503"), t0), Shield::Hide);
+    let deadline = t0 + Duration::from_millis(998);
+    let mut ended = Vec::new();
+    while let Some(at) = t.poll_timeout(true).filter(|&at| at <= deadline) {
+        for a in t.on_timeout(at, true) {
+            match a {
+                PullAction::Reissue(_) => {
+                    assert_eq!(t.on_message(&status("1", "503"), at), Shield::Hide);
+                }
+                PullAction::ToClient(b) => {
+                    let s = String::from_utf8_lossy(&b).into_owned();
+                    assert!(s.contains("408 Request Timeout"), "{s}");
+                    ended.push(at);
+                }
+            }
+        }
+    }
+    assert_eq!(ended, [deadline - EXPIRE_LEAD]);
+    assert!(t.is_empty());
+    // A short request ends a tenth of its expiry early.
+    request(&mut t, br#"{"batch":1,"expires":100000000}"#, t0);
+    assert_eq!(t.on_message(&status("1", "503"), t0), Shield::Hide);
+    let out = run_until(&mut t, t0 + Duration::from_millis(89), true);
+    assert!(client(&out).is_empty());
+    let out = run_until(&mut t, t0 + Duration::from_millis(90), true);
+    assert_eq!(client(&out).len(), 1);
 }
 
 #[test]
