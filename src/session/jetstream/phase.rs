@@ -53,10 +53,11 @@ pub const HB_SLACK: Duration = Duration::from_millis(50);
 pub const LIVE_EXPIRY_GRACE: Duration = Duration::from_secs(1);
 /// How long before the client's deadline the proxy's own `408` ends an unplaced request
 /// (at most; a tenth of the request's expiry when that is less). The client's timer fires
-/// at the deadline too: a `408` that comes after it is taken by the client's next request
-/// on the same inbox. cnats 3.4's `Fetch` then takes the late `404` of its own next
-/// `no_wait` for the answer to the request after it, and reports `Not Found` (seen in CI:
-/// 4 errors while an R1 consumer was away 40 s, the proxy's timers late under load).
+/// at the deadline too, and a `408` that comes after it is taken by the client's next
+/// request on the same inbox. cnats 3.4 reads every `Fetch` from one inbox: its next
+/// `Fetch` ends on the stale `408`, that `Fetch`'s own `404` then reaches the one after
+/// it, which reports `Not Found` (seen in CI: 4 errors while an R1 consumer was away 40 s,
+/// the proxy's timers late under load).
 pub const EXPIRE_LEAD: Duration = Duration::from_millis(50);
 
 /// The next placement of an unplaced request.
