@@ -30,8 +30,10 @@
 //! What the run does not cover:
 //! - re-sends (`<delivered>` 1, see [`super::acks`]) repeat a sequence the client has:
 //!   they start no run;
-//! - pull inboxes are left out: their deliveries do not take consecutive sequences
-//!   (other requests, other clients), and no client compares their heartbeats;
+//! - pull inboxes are left out: their deliveries need not take consecutive sequences
+//!   (other requests, other clients of the consumer). Of the libraries tested only
+//!   nats.go 1.22 would compare a pull inbox's heartbeats, and its `Fetch` never asks
+//!   for them (those the proxy asks for itself are swallowed, see [`super::tracker`]);
 //! - if the delivery before the run never reached the client (lost, not hidden), the
 //!   client's last is lower than `first - 1` and it still sees a mismatch, as it would
 //!   without the proxy.
