@@ -636,7 +636,7 @@ async fn metrics_move_and_readiness_holds_through_a_migration() {
     // The new link carries traffic. Published until one arrives: this subscription was
     // idle through the migration, so nothing proved that the new link's interest had
     // reached the publisher's node when the old link unsubscribed (the settle delay
-    // assumes it; see `session/dedup`), and once on 2.9.10 under CI load a single
+    // assumes it; see `session/dedup`), and once on 2.15.1 under CI load a single
     // message published just after was lost.
     let sent = within(
         Duration::from_secs(5),
