@@ -228,6 +228,24 @@ fn parse_result(name: &str, line: &str) -> Outcome {
     o
 }
 
+/// Echoes a client program's stderr, each line tagged with `name`; ends with all of it.
+fn collect_stderr(
+    name: &str,
+    stderr: tokio::process::ChildStderr,
+) -> tokio::task::JoinHandle<String> {
+    let name = name.to_owned();
+    let mut lines = BufReader::new(stderr).lines();
+    tokio::spawn(async move {
+        let mut all = String::new();
+        while let Ok(Some(l)) = lines.next_line().await {
+            eprintln!("[{name}] {l}");
+            all += &l;
+            all.push('\n');
+        }
+        all
+    })
+}
+
 /// Starts `c` against `url`; resolves once it printed READY, to a task that ends with
 /// its outcome.
 async fn spawn_client(
@@ -247,17 +265,7 @@ async fn spawn_client(
         .spawn()
         .unwrap_or_else(|e| panic!("{}: {e} (run .ci/setup)", c.name));
     let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
-    let name = c.name.to_string();
-    let mut errs = tokio::spawn(async move {
-        let mut all = String::new();
-        while let Ok(Some(l)) = stderr.next_line().await {
-            eprintln!("[{name}] {l}");
-            all += &l;
-            all.push('\n');
-        }
-        all
-    });
+    let mut errs = collect_stderr(&c.name, child.stderr.take().unwrap());
     within(
         Duration::from_secs(30),
         &format!("{} READY", c.name),
@@ -776,16 +784,7 @@ async fn nats_py_push_consumer_through_a_redelivery_of_what_it_acked() {
         .expect("python (run .ci/setup)");
     let mut stdin = child.stdin.take().unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut errs = BufReader::new(child.stderr.take().unwrap()).lines();
-    let stderr = tokio::spawn(async move {
-        let mut all = String::new();
-        while let Ok(Some(l)) = errs.next_line().await {
-            eprintln!("[nats-py redelivery] {l}");
-            all += &l;
-            all.push('\n');
-        }
-        all
-    });
+    let stderr = collect_stderr("nats-py redelivery", child.stderr.take().unwrap());
     let mut expect_line = async |what: &str| -> String {
         within(Duration::from_secs(30), what, async {
             match out.next_line().await.unwrap() {
