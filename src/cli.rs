@@ -190,6 +190,17 @@ pub struct Opts {
     #[arg(long, env = "NATSPROXY_MAX_CLIENTS", global = true)]
     pub max_clients: Option<Text>,
 
+    /// Bound: upstream dials per second for the whole process, after --dial-burst at
+    /// once. A dial over it is not made; the session retries after its backoff
+    /// (natsproxy_upstream_dials_refused_total). 0: no limit. [default: 200]
+    #[arg(long, env = "NATSPROXY_DIAL_RATE", global = true)]
+    pub dial_rate: Option<Text>,
+
+    /// Bound: upstream dials the process may make at once (every client of a lame-duck
+    /// node moving together). [default: 1000]
+    #[arg(long, env = "NATSPROXY_DIAL_BURST", global = true)]
+    pub dial_burst: Option<Text>,
+
     /// Bound: bytes queued toward one client; past it the client is closed as a slow
     /// consumer, as nats-server does. [default: 64MiB]
     #[arg(long, env = "NATSPROXY_MAX_CLIENT_PENDING", global = true)]

@@ -247,6 +247,10 @@ pub struct Config {
     #[serde(serialize_with = "crate::session::as_millis")]
     pub connect_timeout: Duration,
     pub max_clients: usize,
+    /// Upstream dials per second for the process, after `dial_burst` at once (0: no
+    /// limit); see [`crate::proxy::budget`].
+    pub dial_rate: u32,
+    pub dial_burst: u32,
     pub max_client_pending: usize,
     #[serde(serialize_with = "crate::session::as_millis")]
     pub shutdown_grace: Duration,
@@ -270,6 +274,8 @@ impl Config {
             metrics_listen: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_clients: DEFAULT_MAX_CLIENTS,
+            dial_rate: crate::proxy::budget::DEFAULT_DIAL_RATE,
+            dial_burst: crate::proxy::budget::DEFAULT_DIAL_BURST,
             max_client_pending: DEFAULT_MAX_CLIENT_PENDING,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             upstream_tls: UpstreamTls::default(),

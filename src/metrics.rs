@@ -52,6 +52,8 @@ pub struct Stats {
     pub upstream_connects: Counter,
     /// Dials that failed: refused, timed out, TLS handshake or verification failed.
     pub upstream_dial_failures: Counter,
+    /// Dials not made: the process's dial budget was spent.
+    pub upstream_dials_refused: Counter,
     pub upstream_connections: Family<NodeLabel, Gauge>,
     pub migrations_by_reason: Family<ReasonLabel, Counter>,
     pub migration_seconds: HistogramFamily<ReasonLabel>,
@@ -158,6 +160,7 @@ impl Stats {
             clients_refused: Counter::default(),
             upstream_connects: Counter::default(),
             upstream_dial_failures: Counter::default(),
+            upstream_dials_refused: Counter::default(),
             upstream_connections: Family::default(),
             migrations_by_reason: Family::default(),
             migration_seconds: Family::new_with_constructor(duration_histogram),
@@ -208,6 +211,11 @@ impl Stats {
             "upstream_dial_failures",
             "Upstream dials that failed (refused, timed out, TLS handshake or verification)",
             s.upstream_dial_failures.clone(),
+        );
+        r.register(
+            "upstream_dials_refused",
+            "Upstream dials not made because the process's dial budget (--dial-rate, --dial-burst) was spent",
+            s.upstream_dials_refused.clone(),
         );
         r.register(
             "upstream_connections",

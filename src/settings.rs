@@ -127,17 +127,22 @@ impl Opts {
             "max_client_pending",
             c.max_client_pending,
         )?;
-        if let Some(v) = &self.max_clients {
-            c.max_clients =
+        let count = |v: &Option<Text>, field: &'static str, d: u32, min: u32| {
+            v.as_ref().map_or(Ok(d), |v| {
                 v.0.trim()
                     .parse()
                     .ok()
-                    .filter(|&n| n > 0)
+                    .filter(|&n| n >= min)
                     .ok_or(ConfigError::Number {
-                        field: "max_clients",
+                        field,
                         value: v.0.clone(),
-                    })?;
-        }
+                    })
+            })
+        };
+        let max_clients = u32::try_from(c.max_clients).unwrap_or(u32::MAX);
+        c.max_clients = count(&self.max_clients, "max_clients", max_clients, 1)? as usize;
+        c.dial_rate = count(&self.dial_rate, "dial_rate", c.dial_rate, 0)?;
+        c.dial_burst = count(&self.dial_burst, "dial_burst", c.dial_burst, 1)?;
         if c.session.ping_interval.is_zero() {
             return Err(ConfigError::Duration {
                 field: "ping_interval",

@@ -483,6 +483,8 @@ fn every_option_works_as_flag_env_and_file() {
             "connect_timeout = \"4000ms\"".into(),
         ),
         (vec![("max-clients", "9")], "max_clients = 9".into()),
+        (vec![("dial-rate", "50")], "dial_rate = 50".into()),
+        (vec![("dial-burst", "70")], "dial_burst = 70".into()),
         (
             vec![("max-client-pending", "1MiB")],
             "max_client_pending = 1048576".into(),

@@ -61,6 +61,9 @@ pub(super) const CLIENT_VERBS: &VerbTable = &[
     (b"INFO", Verb::Info, Sep::Optional),
     (b"+OK", Verb::Ok, Sep::Ignored),
     (b"-ERR", Verb::Err, Sep::Required),
+    // nats-server reads a client's HMSG line like a route's (so an over-long one is
+    // 'maximum control line exceeded') and only then refuses it; MSG it refuses at `M`.
+    (b"HMSG", Verb::HMsg, Sep::Required),
 ];
 
 pub(super) const SERVER_VERBS: &VerbTable = &[

@@ -119,10 +119,17 @@ impl ClientOptions {
         Ok(o)
     }
 
-    /// The CONNECT the proxy sends upstream on the client's behalf: explicit
-    /// `verbose:false,pedantic:false` (the server defaults are true), protocol 1 so that
-    /// async INFOs (lame duck) arrive, headers and no_responders on, echo and identity and
-    /// pass-through credentials from the client.
+    /// The CONNECT the proxy sends upstream on the client's behalf, at most `max_len`
+    /// bytes (the upstream's control-line limit counts the JSON only).
+    ///
+    /// Only what differs from nats-server's defaults is written, so that it is no longer
+    /// than the client's own CONNECT by more than [`CONNECT_OVERHEAD`] bytes:
+    /// `verbose:false,pedantic:false` (the defaults are true), `protocol:1` so that async
+    /// INFOs (lame duck) arrive, `headers` and `no_responders` on (JetStream statuses),
+    /// `echo:false` only when the client said so; the client's `name`, `lang`, `version`
+    /// and pass-through credentials as it sent them. When that is still too long, the
+    /// informational fields give way (`version`, `lang`, then `name` is cut short); what
+    /// authenticates never does: then the CONNECT does not fit at all.
     ///
     /// `nonce` is the upstream INFO's; nkey and JWT credentials sign it, and so does the
     /// proxy's own key (`proxy_sig`, for servers that list natsproxy as a trusted proxy).
@@ -131,21 +138,18 @@ impl ClientOptions {
         held: Option<&Credentials>,
         nonce: Option<&str>,
         proxy_key: Option<&NkeySeed>,
-    ) -> Vec<u8> {
+        max_len: usize,
+    ) -> Result<Vec<u8>, ConnectTooLong> {
         let nonce = nonce.unwrap_or("");
         let mut m = Map::new();
         m.insert("verbose".into(), false.into());
         m.insert("pedantic".into(), false.into());
-        m.insert("tls_required".into(), false.into());
         m.insert("protocol".into(), 1.into());
-        m.insert("echo".into(), self.echo.into());
+        if !self.echo {
+            m.insert("echo".into(), false.into());
+        }
         m.insert("headers".into(), true.into());
         m.insert("no_responders".into(), true.into());
-        let name = self.name.as_deref().unwrap_or("natsproxy");
-        m.insert("name".into(), name.into());
-        m.insert("lang".into(), self.lang.as_deref().unwrap_or("rust").into());
-        let version = self.version.as_deref().unwrap_or(env!("CARGO_PKG_VERSION"));
-        m.insert("version".into(), version.into());
         match held {
             Some(Credentials::UserPass { user, pass }) => {
                 m.insert("user".into(), user.clone().into());
@@ -178,7 +182,76 @@ impl ClientOptions {
         if let Some(k) = proxy_key {
             m.insert("proxy_sig".into(), k.sign_nonce(nonce).into());
         }
-        serde_json::to_vec(&Value::Object(m)).unwrap_or_default()
+        let identity = [
+            ("version", &self.version),
+            ("lang", &self.lang),
+            ("name", &self.name),
+        ];
+        for (k, v) in identity {
+            if let Some(v) = v {
+                m.insert(k.into(), v.clone().into());
+            }
+        }
+        fit_connect(m, max_len)
+    }
+}
+
+/// The most the proxy's CONNECT adds to the client's when the client sent only what the
+/// proxy cannot copy: `{"verbose":false,"pedantic":false,"protocol":1,"headers":true,
+/// "no_responders":true}` against the client's `{}` (the client's own `echo`, identity and
+/// credentials are copied at their length). Past the limit, [`fit_connect`] shortens the
+/// identity fields by up to this much.
+pub const CONNECT_OVERHEAD: usize = 81;
+
+/// The proxy's CONNECT cannot be made to fit the upstream's control line: the client gets
+/// nats-server's own `-ERR 'maximum control line exceeded'`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectTooLong {
+    /// Bytes of the shortest CONNECT the proxy could write.
+    pub len: usize,
+}
+
+/// Serializes `m`, dropping `version` and `lang`, then cutting `name` short, while it is
+/// longer than `max_len`.
+fn fit_connect(mut m: Map<String, Value>, max_len: usize) -> Result<Vec<u8>, ConnectTooLong> {
+    let to_vec = |m: &Map<String, Value>| serde_json::to_vec(m).unwrap_or_default();
+    let mut out = to_vec(&m);
+    for k in ["version", "lang"] {
+        if out.len() <= max_len {
+            return Ok(out);
+        }
+        if m.remove(k).is_some() {
+            out = to_vec(&m);
+        }
+    }
+    if out.len() <= max_len {
+        return Ok(out);
+    }
+    let Some(Value::String(name)) = m.remove("name") else {
+        return Err(ConnectTooLong { len: out.len() });
+    };
+    let bare = to_vec(&m).len();
+    // `,"name":""` (or without the comma when it is the only field) plus the cut name,
+    // each character at its escaped length.
+    let room = max_len.saturating_sub(bare + r#","name":"""#.len());
+    let mut used = 0;
+    let cut: String = name
+        .chars()
+        .take_while(|c| {
+            let mut b = [0u8; 4];
+            let esc = serde_json::to_string(c.encode_utf8(&mut b)).map_or(6, |s| s.len() - 2);
+            used += esc;
+            used <= room
+        })
+        .collect();
+    if !cut.is_empty() {
+        m.insert("name".into(), cut.into());
+    }
+    let out = to_vec(&m);
+    if out.len() <= max_len {
+        Ok(out)
+    } else {
+        Err(ConnectTooLong { len: out.len() })
     }
 }
 
@@ -259,6 +332,28 @@ impl ServerInfo {
         }
         serde_json::to_vec(&Value::Object(m)).unwrap_or_default()
     }
+
+    /// True for the INFO nats-server (2.12+) sends a `protocol:1` client right after the
+    /// PONG to its first PING: `connect_info:true` and the account it was bound to.
+    pub fn is_connect_info(&self) -> bool {
+        self.raw.get("connect_info") == Some(&Value::Bool(true))
+    }
+
+    /// That INFO for the proxy's client: [`client_info_json`](Self::client_info_json)
+    /// plus `connect_info`, `remote_account` and `acc_is_sys` as the upstream gave them
+    /// (the client is bound to the account the proxy's CONNECT was).
+    pub fn client_connect_info_json(&self, max_payload: usize, auth_required: bool) -> Vec<u8> {
+        let base = self.client_info_json(max_payload, auth_required);
+        let Ok(Value::Object(mut m)) = serde_json::from_slice::<Value>(&base) else {
+            return base;
+        };
+        for k in ["connect_info", "remote_account", "acc_is_sys"] {
+            if let Some(v) = self.raw.get(k) {
+                m.insert(k.into(), v.clone());
+            }
+        }
+        serde_json::to_vec(&Value::Object(m)).unwrap_or_default()
+    }
 }
 
 #[cfg(test)]
@@ -327,8 +422,11 @@ mod tests {
         let pkey = NkeySeed::new(&proxy.seed().unwrap()).unwrap();
         let o = ClientOptions::default();
         let j = |c: &Credentials, nonce| -> Value {
-            serde_json::from_slice(&o.upstream_connect_json(Some(c), Some(nonce), Some(&pkey)))
-                .unwrap()
+            serde_json::from_slice(
+                &o.upstream_connect_json(Some(c), Some(nonce), Some(&pkey), 4096)
+                    .unwrap(),
+            )
+            .unwrap()
         };
         let v = j(&Credentials::Nkey(seed.clone()), "nonce-one");
         assert_eq!(v["nkey"], user.public_key());

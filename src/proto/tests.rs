@@ -161,6 +161,25 @@ fn control_line_limit_counts_argument_bytes_only() {
 }
 
 #[test]
+fn a_clients_hmsg_is_refused_after_its_line_as_nats_server_does() {
+    // Short: the line is read, then refused. Over-long: the limit speaks first, also
+    // before the newline came.
+    let (ops, err) = decode_client_chunks(&[b"HMSG foo 1 2 3\r\n"]);
+    assert_eq!((ops.len(), err), (0, Some(ProtoError::UnknownOp)));
+    let (_, err) = decode_client_chunks(&[b"HMSG foo 1 2"]);
+    assert_eq!(err, None);
+    let long = format!("HMSG {} 1 2 3\r\n", "s".repeat(4100));
+    let (_, err) = decode_client_chunks(&[long.as_bytes()]);
+    assert_eq!(err, Some(ProtoError::ControlLineTooLong));
+    let (_, err) = decode_client_chunks(&[&long.as_bytes()[..4105]]);
+    assert_eq!(err, Some(ProtoError::ControlLineTooLong));
+    let (_, err) = decode_client_chunks(&[b"HMSGx 1\r\n"]);
+    assert_eq!(err, Some(ProtoError::UnknownOp));
+    let (_, err) = decode_client_chunks(&[b"MSG foo 1 2\r\n"]);
+    assert_eq!(err, Some(ProtoError::UnknownOp));
+}
+
+#[test]
 fn ping_garbage_is_not_buffered() {
     let mut d = client_dec();
     let mut buf = BytesMut::new();

@@ -17,7 +17,7 @@ use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -25,6 +25,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::budget::{DialBudget, DEFAULT_DIAL_BURST, DEFAULT_DIAL_RATE};
 use super::tls::{TlsFiles, UpstreamIo};
 use crate::config::{UpstreamTls, UpstreamUrl};
 use crate::proto::json::ServerInfo;
@@ -52,6 +53,8 @@ pub enum DialStage {
     Info,
     /// The TLS handshake, or the server refusing or not offering TLS.
     Tls,
+    /// Not dialled: the process's dial budget is spent (see [`DialBudget`]).
+    Budget,
 }
 
 impl std::fmt::Display for DialStage {
@@ -61,6 +64,7 @@ impl std::fmt::Display for DialStage {
             DialStage::Connect => "connecting",
             DialStage::Info => "reading the server's INFO",
             DialStage::Tls => "TLS",
+            DialStage::Budget => "waiting for the dial budget",
         })
     }
 }
@@ -107,6 +111,8 @@ pub struct Dialer {
     /// Per configured `host:port`: its URL's TLS settings. Learned nodes use the defaults.
     plans: Vec<(String, Plan)>,
     resolve: Resolver,
+    /// Shared by every client of the process.
+    budget: Mutex<DialBudget>,
 }
 
 impl Dialer {
@@ -126,11 +132,19 @@ impl Dialer {
             tls: TlsFiles::new(tls),
             plans,
             resolve: system_resolver(),
+            budget: Mutex::new(DialBudget::new(DEFAULT_DIAL_RATE, DEFAULT_DIAL_BURST)),
         };
         if d.tls.uses_files() || d.plans.iter().any(|p| p.1.require_tls) {
             d.tls.client_config()?;
         }
         Ok(d)
+    }
+
+    /// The same dialer with another dial budget: `rate` dials per second after `burst`
+    /// at once (`rate` 0: no limit).
+    pub fn with_budget(mut self, rate: u32, burst: u32) -> Dialer {
+        self.budget = Mutex::new(DialBudget::new(rate, burst));
+        self
     }
 
     /// The same dialer with another resolver (tests: a name whose addresses change).
@@ -186,6 +200,14 @@ impl Dialer {
             tried: tried.to_vec(),
             source,
         };
+        let granted = self
+            .budget
+            .lock()
+            .map_or(true, |mut b| b.try_take(Instant::now().into_std()));
+        if !granted {
+            let e = io::Error::new(io::ErrorKind::WouldBlock, "dial budget spent");
+            return Err(fail(DialStage::Budget, &[], e));
+        }
         let resolved = tokio::time::timeout_at(deadline, (self.resolve)(addr.to_owned()))
             .await
             .unwrap_or_else(|_| Err(timed_out(timeout)))

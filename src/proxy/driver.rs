@@ -26,7 +26,7 @@ use tokio_util::io::poll_read_buf;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::dial::{DialError, Dialer};
+use super::dial::{DialError, DialStage, Dialer};
 use super::report::{self, Holding, Reported};
 use super::tls::UpstreamIo;
 use super::Stats;
@@ -275,6 +275,11 @@ impl Driver<'_> {
                         self.session
                             .handle_upstream_bytes(epoch, &mut u.conn.rbuf, now);
                     }
+                }
+                Event::Dialed(epoch, _, Err(e)) if e.stage == DialStage::Budget => {
+                    self.stats.upstream_dials_refused.inc();
+                    debug!(%epoch, "dial refused by the process's dial budget");
+                    self.session.handle_dial_refused(epoch, now);
                 }
                 Event::Dialed(epoch, addr, Err(e)) => {
                     self.stats.upstream_dial_failures.inc();

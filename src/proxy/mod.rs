@@ -1,6 +1,7 @@
 //! The tokio shell: listener, accept loop with a connection cap, per-client drivers,
 //! graceful shutdown.
 
+pub mod budget;
 pub mod dial;
 mod driver;
 pub mod http;
@@ -70,8 +71,9 @@ pub struct Proxy {
 impl Proxy {
     /// Binds the listen address. Fails early on TLS files that do not load.
     pub async fn bind(cfg: Config) -> Result<Proxy, StartError> {
-        let dialer =
-            dial::Dialer::new(cfg.upstream_tls.clone(), &cfg.upstreams).map_err(StartError::Tls)?;
+        let dialer = dial::Dialer::new(cfg.upstream_tls.clone(), &cfg.upstreams)
+            .map_err(StartError::Tls)?
+            .with_budget(cfg.dial_rate, cfg.dial_burst);
         let listener =
             TcpListener::bind(cfg.listen)
                 .await

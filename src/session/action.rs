@@ -22,6 +22,9 @@ pub enum CloseReason {
     ClientGone,
     /// The upstream closed, failed or went stale and no other could take over.
     UpstreamLost,
+    /// Every known node refused the handshake (the proxy's CONNECT on the client's
+    /// behalf) with the same kind of `-ERR`; the client got the last one.
+    UpstreamRefused,
     /// The client wrote more than the proxy buffers toward the upstream... or read too slowly.
     SlowConsumer,
     /// The proxy is shutting down.

@@ -20,7 +20,7 @@ impl Session {
     /// Handles one decoded client op.
     pub fn handle_client_op(&mut self, op: ClientOp, now: Instant) {
         self.now = now;
-        if self.client_state == ClientState::Closed {
+        if matches!(self.client_state, ClientState::Closed | ClientState::Ending) {
             return;
         }
         if !matches!(op, ClientOp::Connect(_)) && self.client_state != ClientState::Connected {
@@ -41,8 +41,7 @@ impl Session {
                 sid,
             } => {
                 if !subject::is_valid_subject(&subject) {
-                    self.send_client(encode::err("Invalid Subject"));
-                    return;
+                    return self.local_err(encode::err("Invalid Subject"));
                 }
                 if self.subs.subscribe(sid, subject, queue) {
                     self.send_sub_op(raw, false);
@@ -102,7 +101,7 @@ impl Session {
             .on_client_publish(m.subject(), m.payload(), self.now);
         if self.opts.pedantic && !subject::is_valid_literal_subject(m.subject()) {
             // nats-server complains but still processes the message.
-            self.send_client(encode::err("Invalid Publish Subject"));
+            self.local_err(encode::err("Invalid Publish Subject"));
         }
         if !self.opts.echo {
             if let Some(d) = self.overlap.dedup_mut() {
@@ -160,15 +159,29 @@ impl Session {
 
     pub(super) fn client_protocol_error(&mut self, e: ProtoError) {
         debug!(error = %e, "client protocol error");
-        if let Some(line) = e.server_err_line() {
-            self.send_client(Bytes::from_static(line));
-        }
-        self.close_client(CloseReason::ClientProtocol);
+        let line = e.server_err_line().map_or(Bytes::new(), Bytes::from_static);
+        self.fatal_err(line, CloseReason::ClientProtocol);
     }
 
     pub(super) fn close_with_err(&mut self, text: &str, reason: CloseReason) {
-        self.send_client(encode::err(text));
-        self.close_client(reason);
+        self.fatal_err(encode::err(text), reason);
+    }
+
+    /// An `-ERR` the proxy makes itself; after the replies still owed, as the server
+    /// would answer.
+    pub(super) fn local_err(&mut self, line: Bytes) {
+        if self.replies.push_err(line.clone(), None) {
+            self.send_client(line);
+        }
+    }
+
+    /// `line` (empty: a silent close) and the close, after the replies still owed.
+    pub(super) fn fatal_err(&mut self, line: Bytes, reason: CloseReason) {
+        if self.replies.push_err(line.clone(), Some(reason)) {
+            self.send_client(line);
+            return self.close_client(reason);
+        }
+        self.client_state = ClientState::Ending;
     }
 
     pub(super) fn close_client(&mut self, reason: CloseReason) {
@@ -176,6 +189,7 @@ impl Session {
             return;
         }
         self.client_state = ClientState::Closed;
+        self.flush_err_log();
         // What the overlap counted is the session's, also when it ends with the client.
         self.end_overlap();
         for l in [
@@ -205,11 +219,23 @@ impl Session {
 
     pub(super) fn flush_replies(&mut self) {
         while let Some(r) = self.replies.pop_ready() {
-            let b: &'static [u8] = match r {
-                Ready::Pong => encode::PONG,
-                Ready::Ok => encode::OK,
-            };
-            self.send_client(Bytes::from_static(b));
+            match r {
+                Ready::Pong => {
+                    self.send_client(Bytes::from_static(encode::PONG));
+                    if !std::mem::replace(&mut self.first_pong_sent, true) {
+                        if let Some(info) = self.connect_info_for_client() {
+                            self.send_client(info);
+                        }
+                    }
+                }
+                Ready::Ok => self.send_client(Bytes::from_static(encode::OK)),
+                Ready::Err(line, close) => {
+                    self.send_client(line);
+                    if let Some(reason) = close {
+                        return self.close_client(reason);
+                    }
+                }
+            }
         }
     }
 

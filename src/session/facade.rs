@@ -74,6 +74,7 @@ use super::action::{Action, CloseReason, Epoch};
 use super::backlog::Pending;
 use super::config::*;
 use super::dedup::Dedup;
+use super::dial_window::DialWindow;
 use super::jetstream::acks::AckMemory;
 use super::jetstream::PullTracker;
 use super::link::{Link, LinkState};
@@ -94,6 +95,10 @@ pub(super) enum ClientState {
     AwaitConnect,
     /// The client connected (explicitly or by sending another op first).
     Connected,
+    /// A fatal `-ERR` (or silent close) waits behind replies still owed (a PONG the
+    /// upstream has not answered yet); the client's input is ignored, and it is closed
+    /// once they are written.
+    Ending,
     /// Closed; everything further is ignored.
     Closed,
 }
@@ -103,6 +108,14 @@ pub(super) enum Role {
     Primary,
     Standby,
     Retiring,
+}
+
+/// An upstream `-ERR` text and how many times it came again: one client's repeated
+/// error is one log line with a count, not one per event.
+#[derive(Debug, Default)]
+pub(super) struct RepeatedErr {
+    pub(super) text: Option<bytes::Bytes>,
+    pub(super) repeats: u32,
 }
 
 /// The pure per-client state machine. See the module docs for the phase diagram.
@@ -121,6 +134,15 @@ pub struct Session {
     pub(super) overlap: Overlap,
     pub(super) dial_at: Option<Instant>,
     pub(super) attempts: u32,
+    /// Handshakes refused (an `-ERR` before the server took our CONNECT) since a node
+    /// last took one; at one per known node the client is told and closed.
+    pub(super) refusals: usize,
+    /// The session's own bound on dials per second.
+    pub(super) dial_window: DialWindow,
+    /// The upstream `-ERR` logged last, and how often it came again since.
+    pub(super) err_log: RepeatedErr,
+    /// A PONG was written to the client (the `connect_info` INFO follows the first).
+    pub(super) first_pong_sent: bool,
     pub(super) next_epoch: u64,
     pub(super) backlog: VecDeque<Pending>,
     pub(super) backlog_bytes: usize,
@@ -161,6 +183,10 @@ impl Session {
             overlap: Overlap::None,
             dial_at: None,
             attempts: 0,
+            refusals: 0,
+            dial_window: DialWindow::default(),
+            err_log: RepeatedErr::default(),
+            first_pong_sent: false,
             next_epoch: 0,
             backlog: VecDeque::new(),
             backlog_bytes: 0,
@@ -205,7 +231,7 @@ impl Session {
     /// True while the driver may read more from the client.
     pub fn wants_client_input(&self) -> bool {
         let unconfirmed = self.primary.as_ref().map_or(0, |p| p.unconfirmed_bytes);
-        self.client_state != ClientState::Closed
+        !matches!(self.client_state, ClientState::Closed | ClientState::Ending)
             && self.backlog_bytes + unconfirmed < self.cfg.max_backlog
     }
 
@@ -266,7 +292,7 @@ impl Session {
     /// Bytes read from the client: decodes and handles every complete op in `buf`.
     pub fn handle_client_bytes(&mut self, buf: &mut BytesMut, now: Instant) {
         self.now = now;
-        while self.client_state != ClientState::Closed {
+        while !matches!(self.client_state, ClientState::Closed | ClientState::Ending) {
             match self.client_dec.decode(buf) {
                 Ok(Some(op)) => self.handle_client_op(op, now),
                 Ok(None) => break,
@@ -362,6 +388,18 @@ impl Session {
         if let Some(role) = self.role_of(epoch) {
             self.on_upstream_op(epoch, role, op);
         }
+    }
+
+    /// The dial of `epoch` was not made (the process's dial budget is spent). Not the
+    /// node's fault: the session dials again after its backoff.
+    pub fn handle_dial_refused(&mut self, epoch: Epoch, now: Instant) {
+        self.now = now;
+        if self.role_of(epoch) != Some(Role::Standby) {
+            return;
+        }
+        self.standby = None;
+        self.standby_gone();
+        self.schedule_dial();
     }
 
     /// The upstream connection of `epoch` closed or failed to connect.

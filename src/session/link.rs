@@ -70,6 +70,10 @@ pub struct Link {
     leaving: bool,
     /// The handshake PONG arrived: the server took our CONNECT.
     accepted: bool,
+    /// The `-ERR` the server gave before it took our CONNECT (it closes next).
+    pub refusal: Option<Bytes>,
+    /// The server's `connect_info` INFO (2.12+), for the client's first PONG.
+    pub connect_info: Option<ServerInfo>,
 }
 
 impl Link {
@@ -88,6 +92,8 @@ impl Link {
             seq: 0,
             leaving: false,
             accepted: false,
+            refusal: None,
+            connect_info: None,
         }
     }
 

@@ -9,6 +9,7 @@ mod backlog;
 mod client;
 mod config;
 pub mod dedup;
+mod dial_window;
 mod facade;
 pub mod jetstream;
 pub mod link;
@@ -23,6 +24,7 @@ mod upstream;
 pub use action::{Action, CloseReason, Epoch};
 pub use backlog::{CONFIRM_BYTES, CONFIRM_DELAY};
 pub use config::*;
+pub use dial_window::{DIAL_WINDOW, MAX_DIALS_PER_WINDOW};
 pub use facade::Session;
 pub use stats::{MoveReason, SessionEvent, SessionStats, MAX_EVENTS};
 

@@ -283,21 +283,44 @@ impl Session {
     /// (and at once Steady again if a standby is up).
     pub(super) fn failover(&mut self, dead: Link, reason: MoveReason) {
         let now = self.now;
+        let served = dead.is_accepted();
         self.stats.failovers += 1;
         self.pool.mark_failed(&dead.addr, now);
         warn!(upstream = %dead.addr, server = %dead.server_name(), %reason, "upstream lost; failing over");
-        // PONGs the dead link owed the client: answer them, the client must not stall.
-        for p in &dead.pings {
-            if p.owner == PingOwner::Client {
-                self.replies.pong_arrived();
-            }
-        }
-        self.flush_replies();
-        // Publishes the dead link never confirmed go out again first (acks are idempotent).
         self.stats.publishes_resent += dead.unconfirmed.len() as u64;
-        for (_, b) in dead.unconfirmed.into_iter().rev() {
-            self.backlog_bytes += b.len();
-            self.backlog.push_front(Pending::Data(b));
+        if served {
+            // PONGs the dead link owed the client: answer them, the client must not stall.
+            for p in &dead.pings {
+                if p.owner == PingOwner::Client {
+                    self.replies.pong_arrived();
+                }
+            }
+            self.flush_replies();
+            // Publishes it never confirmed go out again first (acks are idempotent).
+            for (_, b) in dead.unconfirmed.into_iter().rev() {
+                self.backlog_bytes += b.len();
+                self.backlog.push_front(Pending::Data(b));
+            }
+        } else {
+            // The node never took our CONNECT, so it processed nothing written after
+            // it: the client's PINGs go out again too, in their places among its
+            // publishes (a PONG now would claim what no server did).
+            let mut again: Vec<(u64, Pending)> = dead
+                .unconfirmed
+                .into_iter()
+                .map(|(seq, b)| (seq, Pending::Data(b)))
+                .collect();
+            for p in dead.pings.iter().filter(|p| p.owner == PingOwner::Client) {
+                // After the publishes it followed (seq <= mark), before the rest.
+                let at = again.partition_point(|(seq, _)| *seq <= p.mark);
+                again.insert(at, (p.mark, Pending::Ping));
+            }
+            for (_, item) in again.into_iter().rev() {
+                if let Pending::Data(b) = &item {
+                    self.backlog_bytes += b.len();
+                }
+                self.backlog.push_front(item);
+            }
         }
         if self.overlap.covers(dead.epoch) {
             self.old_link_done();
@@ -318,7 +341,10 @@ impl Session {
         match &self.standby {
             Some(s) if s.established() => self.promote_standby(),
             Some(_) => {}
-            None => self.start_dial(),
+            // A node that served us is gone: the next at once. One that never took our
+            // CONNECT (refused it, or closed first) is retried only after a backoff.
+            None if served => self.start_dial(),
+            None => self.schedule_dial(),
         }
     }
 
@@ -326,7 +352,6 @@ impl Session {
     /// Starting or Outage ─► Steady.
     pub(super) fn promote_standby(&mut self) {
         self.primary = self.standby.take();
-        self.attempts = 0;
         self.flush_backlog();
         let Some(p) = &self.primary else { return };
         match std::mem::replace(&mut self.phase, Phase::Steady) {

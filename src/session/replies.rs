@@ -3,14 +3,20 @@
 //! nats-server answers a client's commands in order (`+OK` for verbose clients, `PONG` for
 //! `PING`). The proxy answers `+OK` itself but relays `PONG` only after the upstream has
 //! answered a PING sent behind everything the client wrote before it (flush semantics).
-//! An `+OK` that follows a not-yet-answered PING waits behind it.
+//! An `+OK` that follows a not-yet-answered PING waits behind it, and so does an `-ERR`
+//! the proxy makes itself (`'Invalid Subject'`, or a fatal one before the close): the
+//! server would have answered the PING first.
 
+use bytes::Bytes;
 use std::collections::VecDeque;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+use super::action::CloseReason;
+
+#[derive(Debug, Clone, PartialEq)]
 enum Reply {
     Pong { ready: bool },
     Ok,
+    Err(Bytes, Option<CloseReason>),
 }
 
 /// Replies owed to the client, in command order. Bounded by what the client can have
@@ -21,10 +27,12 @@ pub struct ReplyQueue {
 }
 
 /// One reply to write to the client now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Ready {
     Pong,
     Ok,
+    /// A whole `-ERR` line; with a reason, the client is closed after it.
+    Err(Bytes, Option<CloseReason>),
 }
 
 impl ReplyQueue {
@@ -38,6 +46,15 @@ impl ReplyQueue {
             return true;
         }
         self.q.push_back(Reply::Ok);
+        false
+    }
+    /// An `-ERR` line is owed (and a close after it, with `close`); returns true if it
+    /// can be written at once.
+    pub fn push_err(&mut self, line: Bytes, close: Option<CloseReason>) -> bool {
+        if self.q.is_empty() {
+            return true;
+        }
+        self.q.push_back(Reply::Err(line, close));
         false
     }
     /// The oldest owed PONG may be sent.
@@ -61,6 +78,10 @@ impl ReplyQueue {
                 self.q.pop_front();
                 Some(Ready::Ok)
             }
+            Reply::Err(..) => match self.q.pop_front() {
+                Some(Reply::Err(line, close)) => Some(Ready::Err(line, close)),
+                _ => None,
+            },
             Reply::Pong { ready: false } => None,
         }
     }
@@ -80,6 +101,25 @@ mod tests {
         q.pong_arrived();
         assert_eq!(q.pop_ready(), Some(Ready::Pong));
         assert_eq!(q.pop_ready(), Some(Ready::Ok));
+        assert_eq!(q.pop_ready(), None);
+    }
+
+    #[test]
+    fn err_waits_behind_an_unanswered_ping() {
+        let mut q = ReplyQueue::default();
+        let e = Bytes::from_static(b"-ERR 'Invalid Subject'\r\n");
+        assert!(q.push_err(e.clone(), None));
+        q.push_pong();
+        assert!(!q.push_err(e.clone(), None));
+        assert!(!q.push_err(e.clone(), Some(CloseReason::ClientProtocol)));
+        assert_eq!(q.pop_ready(), None);
+        q.pong_arrived();
+        assert_eq!(q.pop_ready(), Some(Ready::Pong));
+        assert_eq!(q.pop_ready(), Some(Ready::Err(e.clone(), None)));
+        assert_eq!(
+            q.pop_ready(),
+            Some(Ready::Err(e, Some(CloseReason::ClientProtocol)))
+        );
         assert_eq!(q.pop_ready(), None);
     }
 }

@@ -13,7 +13,7 @@ use super::link::{Link, LinkState, PingOwner};
 use super::phase::Phase;
 use super::stats::{MoveReason, SessionEvent};
 use crate::proto::json::ServerInfo;
-use crate::proto::{encode, Limits, Message, ServerErr, ServerOp};
+use crate::proto::{encode, Limits, Message, ServerErr, ServerOp, MAX_CONTROL_LINE};
 
 impl Session {
     pub(super) fn link(&self, role: Role) -> Option<&Link> {
@@ -49,10 +49,18 @@ impl Session {
     /// Dials the next node as the standby link.
     pub(super) fn start_dial(&mut self) {
         self.dial_at = None;
+        if self.client_state == ClientState::Closed {
+            return;
+        }
         let exclude = match &self.phase {
             Phase::Migrating(m, _) | Phase::Outage { from: m, .. } => Some(m.from.clone()),
             _ => self.primary.as_ref().map(|l| l.addr.clone()),
         };
+        if let Some(at) = self.dial_window.admit(self.now) {
+            debug!(?at, "dialled too often this second; the next dial waits");
+            self.dial_at = Some(at);
+            return;
+        }
         let Some(addr) = self.pool.pick(exclude.as_deref(), self.now) else {
             return;
         };
@@ -84,28 +92,68 @@ impl Session {
                 .push_back(Action::ToUpstream(epoch, Bytes::from_static(encode::PONG))),
             ServerOp::Pong => self.on_pong(role),
             ServerOp::Ok => {}
-            ServerOp::Err(text) => {
-                let addr = self.link(role).map(|l| l.addr.clone()).unwrap_or_default();
-                warn!(%epoch, upstream = %addr, err = %String::from_utf8_lossy(&text), "upstream -ERR");
-                // Only the primary's errors concern the client; a dying link's
-                // 'Stale Connection' is the proxy's business.
-                let class = ServerErr::classify(&text);
-                let rejected = self.link(role).is_some_and(|l| !l.is_accepted())
-                    && class == ServerErr::Authorization;
-                if rejected && role == Role::Primary {
-                    // The server refused our CONNECT (the client's credentials, or the
-                    // proxy's): exactly what the client would have been told directly.
-                    let line = [b"-ERR ", &text[..], b"\r\n"].concat();
-                    self.send_client(line.into());
-                    return self.close_client(CloseReason::UpstreamLost);
-                }
-                if role == Role::Primary && class != ServerErr::StaleConnection {
-                    let line = [b"-ERR ", &text[..], b"\r\n"].concat();
-                    self.send_client(line.into());
-                }
-            }
+            ServerOp::Err(text) => self.on_upstream_err(epoch, role, text),
             ServerOp::Info(json) => self.on_info(epoch, role, &json),
         }
+    }
+
+    fn on_upstream_err(&mut self, epoch: Epoch, role: Role, text: Bytes) {
+        let addr = self.link(role).map(|l| l.addr.clone()).unwrap_or_default();
+        self.log_upstream_err(epoch, &addr, &text);
+        let class = ServerErr::classify(&text);
+        if class == ServerErr::StaleConnection {
+            // A dying link's 'Stale Connection' is the proxy's business.
+            return;
+        }
+        let Some(l) = self.link_mut(role) else { return };
+        if !l.is_accepted() {
+            // A handshake refusal (control line, credentials, ...): the server closes
+            // next, and `link_lost` decides whether another node may do better.
+            l.refusal = Some(text);
+            return;
+        }
+        // Only the primary's errors concern the client.
+        if role == Role::Primary {
+            self.send_client([b"-ERR ", &text[..], b"\r\n"].concat().into());
+        }
+    }
+
+    /// Logs an upstream `-ERR` the first time its text comes; repeats are counted and
+    /// logged once, when another text comes or the client closes.
+    fn log_upstream_err(&mut self, epoch: Epoch, addr: &str, text: &Bytes) {
+        if self.err_log.text.as_ref() == Some(text) {
+            self.err_log.repeats += 1;
+            debug!(%epoch, upstream = %addr, repeats = self.err_log.repeats, "upstream -ERR again");
+            return;
+        }
+        self.flush_err_log();
+        warn!(%epoch, upstream = %addr, err = %String::from_utf8_lossy(text), "upstream -ERR");
+        self.err_log.text = Some(text.clone());
+    }
+
+    /// Logs how often the last upstream `-ERR` came again, if it did.
+    pub(super) fn flush_err_log(&mut self) {
+        let repeats = std::mem::take(&mut self.err_log.repeats);
+        if let (Some(text), true) = (&self.err_log.text, repeats > 0) {
+            warn!(err = %String::from_utf8_lossy(text), repeats, "upstream -ERR came again");
+        }
+    }
+
+    /// A link the server closed after refusing our handshake. True when the client was
+    /// closed: the refusal is one every node gives (credentials), or each known node has
+    /// refused once, and no accepted primary remains.
+    fn handshake_refused(&mut self, text: &Bytes) -> bool {
+        self.refusals += 1;
+        let everywhere = ServerErr::classify(text) == ServerErr::Authorization
+            || self.refusals >= self.pool.len();
+        if !everywhere || self.primary.as_ref().is_some_and(Link::is_accepted) {
+            return false;
+        }
+        warn!(refusals = self.refusals, err = %String::from_utf8_lossy(text),
+            "upstream refused the handshake; closing the client with its -ERR");
+        self.send_client([b"-ERR ", &text[..], b"\r\n"].concat().into());
+        self.close_client(CloseReason::UpstreamRefused);
+        true
     }
 
     pub(super) fn on_info(&mut self, epoch: Epoch, role: Role, json: &[u8]) {
@@ -142,6 +190,11 @@ impl Session {
             }
             return;
         }
+        if info.is_connect_info() {
+            // Not news about the cluster: what the client gets after its first PONG.
+            l.connect_info = Some(info);
+            return;
+        }
         let newly_ldm = info.ldm && l.mark_leaving();
         // A node (re)joined the cluster: a consumer that was away may be back.
         let grew = l.info.as_ref().is_some_and(|o| {
@@ -170,10 +223,7 @@ impl Session {
         let Some(info) = self.link(role).and_then(|l| l.info.as_ref()) else {
             return;
         };
-        let mp = info.max_payload.unwrap_or(crate::proto::MAX_PAYLOAD);
-        // Clients send credentials only when asked; ask when theirs pass through.
-        let auth =
-            self.cfg.client_auth.is_some() || info.auth_required && self.cfg.credentials.is_none();
+        let (mp, auth) = self.client_info_terms(info);
         let json = info.client_info_json(mp, auth);
         self.client_dec.set_limits(Limits {
             max_payload: mp,
@@ -183,17 +233,50 @@ impl Session {
         self.client_state = ClientState::AwaitConnect;
     }
 
+    /// The `max_payload` and `auth_required` of the INFOs the client gets from `info`.
+    fn client_info_terms(&self, info: &ServerInfo) -> (usize, bool) {
+        let mp = info.max_payload.unwrap_or(crate::proto::MAX_PAYLOAD);
+        // Clients send credentials only when asked; ask when theirs pass through.
+        let auth =
+            self.cfg.client_auth.is_some() || info.auth_required && self.cfg.credentials.is_none();
+        (mp, auth)
+    }
+
+    /// The INFO nats-server sends a `protocol:1` client after the PONG to its first PING,
+    /// made from the primary's, if the primary's server sent one (2.12+).
+    pub(super) fn connect_info_for_client(&self) -> Option<Bytes> {
+        if self.opts.protocol < 1 {
+            return None;
+        }
+        let info = self.primary.as_ref()?.connect_info.as_ref()?;
+        let (mp, auth) = self.client_info_terms(info);
+        Some(encode::info(&info.client_connect_info_json(mp, auth)))
+    }
+
     /// CONNECT, PING, the subscription replay and a PING on a link that has its INFO.
     pub(super) fn establish(&mut self, role: Role) {
         let nonce = self
             .link(role)
             .and_then(|l| l.info.as_ref())
             .and_then(|i| i.nonce.clone());
-        let json = self.opts.upstream_connect_json(
+        let json = match self.opts.upstream_connect_json(
             self.cfg.credentials.as_ref(),
             nonce.as_deref(),
             self.cfg.proxy_key.as_ref(),
-        );
+            MAX_CONTROL_LINE,
+        ) {
+            Ok(json) => json,
+            Err(e) => {
+                // Every node would refuse it the same way: say what nats-server says.
+                warn!(
+                    len = e.len,
+                    limit = MAX_CONTROL_LINE,
+                    "the client's CONNECT cannot be made to fit the upstream's control line"
+                );
+                return self
+                    .close_with_err("maximum control line exceeded", CloseReason::ClientProtocol);
+            }
+        };
         let replay = self.subs.replay();
         let n_subs = self.subs.len() as u64;
         let now = self.now;
@@ -233,7 +316,16 @@ impl Session {
                 self.replies.pong_arrived();
                 self.flush_replies();
             }
-            PingOwner::Handshake => {}
+            PingOwner::Handshake => {
+                // A node took our CONNECT: backoff and refusals start over.
+                self.attempts = 0;
+                self.refusals = 0;
+                let refusal = self.link_mut(role).and_then(|l| l.refusal.take());
+                if let (Some(text), Role::Primary) = (refusal, role) {
+                    // An -ERR that did not end the handshake: the client's, as usual.
+                    self.send_client([b"-ERR ", &text[..], b"\r\n"].concat().into());
+                }
+            }
             PingOwner::Replay => {
                 if role == Role::Standby && self.primary.is_some() {
                     self.begin_switch();
@@ -270,6 +362,11 @@ impl Session {
             return;
         };
         self.actions.push_back(Action::CloseUpstream(epoch));
+        if let Some(text) = &l.refusal {
+            if self.handshake_refused(text) {
+                return;
+            }
+        }
         let now = self.now;
         match role {
             Role::Standby => {

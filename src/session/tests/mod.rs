@@ -5,6 +5,7 @@ use crate::proto::encode;
 use bytes::{Bytes, BytesMut};
 use std::time::{Duration, Instant};
 
+mod handshake;
 mod harness;
 mod jetstream;
 mod migration;
