@@ -2,17 +2,20 @@
 //! ops, raw bytes, link failures, lame-duck INFOs and clock jumps. Invariants checked after
 //! every step: no panic; the backlog and hold-back buffers stay within their bounds; every
 //! handshake written to a new link replays exactly the live subscriptions; nothing that
-//! arrives on a retired link reaches the client.
+//! arrives on a retired link reaches the client; and no input makes the session dial
+//! more than `MAX_DIALS_PER_WINDOW` times in any `DIAL_WINDOW` of simulated time.
 #![no_main]
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
 use natsproxy::proto::{encode, ClientDecoder, ClientOp, Limits};
-use natsproxy::session::{Action, Epoch, Session, SessionConfig};
+use natsproxy::session::{
+    Action, Epoch, Session, SessionConfig, DIAL_WINDOW, MAX_DIALS_PER_WINDOW,
+};
 
 const SUBJECTS: [&str; 7] = [
     "a",
@@ -220,6 +223,8 @@ struct Harness {
     known: Vec<Epoch>,
     dead: HashSet<Epoch>,
     closed: bool,
+    /// When the last dials were asked for (simulated time).
+    dials: VecDeque<Instant>,
 }
 
 impl Harness {
@@ -228,7 +233,22 @@ impl Harness {
         let mut handshakes = Vec::new();
         for a in &actions {
             match a {
-                Action::Dial { epoch, .. } => self.known.push(*epoch),
+                Action::Dial { epoch, .. } => {
+                    self.known.push(*epoch);
+                    self.dials.push_back(self.now);
+                    while self
+                        .dials
+                        .front()
+                        .is_some_and(|&t| self.now - t >= DIAL_WINDOW)
+                    {
+                        self.dials.pop_front();
+                    }
+                    assert!(
+                        self.dials.len() <= MAX_DIALS_PER_WINDOW,
+                        "{} dials within {DIAL_WINDOW:?}",
+                        self.dials.len()
+                    );
+                }
                 Action::CloseUpstream(e) => {
                     self.dead.insert(*e);
                 }
@@ -305,6 +325,7 @@ fuzz_target!(|evs: Vec<Ev>| {
         known: Vec::new(),
         dead: HashSet::new(),
         closed: false,
+        dials: VecDeque::new(),
     };
     h.drain(true);
     for ev in evs.into_iter().take(300) {

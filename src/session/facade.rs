@@ -40,6 +40,13 @@
 //!  front of the backlog; dial another node (backoff from backoff_min to backoff_max,
 //!  jittered) ─► promote: Steady, every tracked pull request placed again.
 //!  Outage for max_outage ─► -ERR to the client and close.
+//!
+//!  A link whose server gives an -ERR before its handshake PONG refused our CONNECT:
+//!  when it closes, the client's PINGs and publishes written on it wait again in the
+//!  backlog (it processed nothing), and the next node is dialled after a backoff (never
+//!  at once). Credentials refused, or each known node refused once, with no accepted
+//!  primary left ─► that -ERR to the client and close (UpstreamRefused). Whatever the
+//!  cause, a session dials at most MAX_DIALS_PER_WINDOW times per DIAL_WINDOW.
 //! ```
 //!
 //! # Call order (for the driver)
