@@ -76,6 +76,8 @@ pub struct Stats {
     pub upstream_rtt_seconds: Histogram,
     /// Clients whose session has a working upstream now.
     pub sessions_with_upstream: Gauge,
+    /// Sessions moving off a lame-duck node now (paces their dials).
+    pub sessions_migrating: Gauge,
     /// 1 when /readyz answers 200.
     pub ready: Gauge,
     /// Longest lame-duck-INFO-to-switch time seen, in microseconds.
@@ -181,6 +183,7 @@ impl Stats {
             hot,
             upstream_rtt_seconds: duration_histogram(),
             sessions_with_upstream: Gauge::default(),
+            sessions_migrating: Gauge::default(),
             ready: Gauge::default(),
             max_switch_us: AtomicU64::new(0),
             recent_switches: Default::default(),
@@ -297,6 +300,11 @@ impl Stats {
             "sessions_with_upstream",
             "Clients whose session has a working upstream now",
             s.sessions_with_upstream.clone(),
+        );
+        r.register(
+            "sessions_migrating",
+            "Client sessions moving off a lame-duck node now",
+            s.sessions_migrating.clone(),
         );
         r.register("ready", "1 when /readyz answers 200", s.ready.clone());
         Stats { registry: r, ..s }

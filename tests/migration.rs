@@ -607,6 +607,11 @@ async fn metrics_move_and_readiness_holds_through_a_migration() {
         metric(&body, "natsproxy_subscriptions_replayed_total").unwrap_or(0.0) >= 1.0,
         "{body}"
     );
+    // The process's only client moves alone: no migration spread, a switch in
+    // milliseconds (dial, handshake, replay and barrier round trips on loopback).
+    let switch = Duration::from_micros(proxy.stats.max_switch_us.load(Ordering::Relaxed));
+    println!("a lone client's lame-duck-INFO-to-switch: {switch:?}");
+    assert!(switch <= Duration::from_millis(20), "{switch:?}");
     // The old link is retired after the settle delay.
     within(Duration::from_secs(10), "old upstream retired", async {
         loop {

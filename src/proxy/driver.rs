@@ -235,6 +235,10 @@ impl Driver<'_> {
                 }
                 Event::ClientFlushedAndClosing => {}
                 Event::UpstreamData(epoch) => {
+                    let peers = self.stats.sessions_migrating.get().max(0) as usize;
+                    self.session.set_peers_moving(
+                        peers.saturating_sub(usize::from(self.session.is_migrating())),
+                    );
                     if let Some(u) = self.ups.iter_mut().find(|u| u.epoch == epoch) {
                         self.session
                             .handle_upstream_bytes(epoch, &mut u.conn.rbuf, now);

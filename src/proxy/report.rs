@@ -25,6 +25,7 @@ pub(super) struct Reported {
     /// Client write buffer, upstream write buffers, backlog, hold (`Stats::hot.buffers`).
     buffers: [i64; 4],
     has_upstream: bool,
+    migrating: bool,
     bytes_to_client: u64,
     bytes_to_upstream: u64,
 }
@@ -70,6 +71,15 @@ impl Reported {
             }
             self.has_upstream = has;
         }
+        let migrating = session.is_migrating();
+        if migrating != self.migrating {
+            if migrating {
+                st.sessions_migrating.inc();
+            } else {
+                st.sessions_migrating.dec();
+            }
+            self.migrating = migrating;
+        }
         if h.bytes_to_client != self.bytes_to_client {
             st.hot
                 .bytes_to_client
@@ -94,6 +104,10 @@ impl Reported {
         if self.has_upstream {
             st.sessions_with_upstream.dec();
             self.has_upstream = false;
+        }
+        if self.migrating {
+            st.sessions_migrating.dec();
+            self.migrating = false;
         }
     }
 }

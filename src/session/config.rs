@@ -22,6 +22,11 @@ pub const DEFAULT_SETTLE: Duration = Duration::from_millis(250);
 /// starts closing lame-duck clients after its grace period (10 s by default), so this
 /// stays well inside it.
 pub const DEFAULT_MIGRATION_SPREAD: Duration = Duration::from_millis(250);
+/// The rate at which the sessions of one process that move at once dial their new
+/// nodes: with `n` sessions moving, each waits a random part of `n / MIGRATION_DIAL_RATE`
+/// seconds (at most `migration_spread`). A lone sidecar client dials at once; 100 or
+/// more spread over the whole `migration_spread`.
+pub const MIGRATION_DIAL_RATE: f64 = 400.0;
 
 /// Default time without any upstream before the client is closed.
 pub const DEFAULT_MAX_OUTAGE: Duration = Duration::from_secs(120);

@@ -41,10 +41,10 @@
 //!  jittered) ─► promote: Steady, every tracked pull request placed again.
 //!  Outage for max_outage ─► -ERR to the client and close.
 //!
-//!  A link whose server gives an -ERR before its handshake PONG refused our CONNECT:
-//!  when it closes, the client's PINGs and publishes written on it wait again in the
-//!  backlog (it processed nothing), and the next node is dialled after a backoff (never
-//!  at once). Credentials refused, or each known node refused once, with no accepted
+//!  A link that closes before its handshake PONG never took our CONNECT: its publishes
+//!  wait again in the backlog (it processed nothing), and the next node is dialled after
+//!  a backoff (never at once). If its server gave an -ERR first, it refused the CONNECT:
+//!  the client's PINGs wait again too (else they are answered, as in any outage). Credentials refused, or each known node refused once, with no accepted
 //!  primary left ─► that -ERR to the client and close (UpstreamRefused). Whatever the
 //!  cause, a session dials at most MAX_DIALS_PER_WINDOW times per DIAL_WINDOW.
 //! ```
@@ -146,6 +146,8 @@ pub struct Session {
     pub(super) refusals: usize,
     /// The session's own bound on dials per second.
     pub(super) dial_window: DialWindow,
+    /// Other sessions of the process moving off a lame-duck node now (from the driver).
+    pub(super) peers_moving: usize,
     /// The upstream `-ERR` logged last, and how often it came again since.
     pub(super) err_log: RepeatedErr,
     /// A PONG was written to the client (the `connect_info` INFO follows the first).
@@ -192,6 +194,7 @@ impl Session {
             attempts: 0,
             refusals: 0,
             dial_window: DialWindow::default(),
+            peers_moving: 0,
             err_log: RepeatedErr::default(),
             first_pong_sent: false,
             next_epoch: 0,
@@ -240,6 +243,18 @@ impl Session {
         let unconfirmed = self.primary.as_ref().map_or(0, |p| p.unconfirmed_bytes);
         !matches!(self.client_state, ClientState::Closed | ClientState::Ending)
             && self.backlog_bytes + unconfirmed < self.cfg.max_backlog
+    }
+
+    /// How many other sessions of this process are moving off a lame-duck node now; the
+    /// driver tells, before upstream bytes, so that a migration spreads its dial over a
+    /// window that grows with them (see [`MIGRATION_DIAL_RATE`]).
+    pub fn set_peers_moving(&mut self, n: usize) {
+        self.peers_moving = n;
+    }
+
+    /// True while the session is moving off a lame-duck node.
+    pub fn is_migrating(&self) -> bool {
+        matches!(self.phase, Phase::Migrating(..))
     }
 
     /// True once the session has closed the client; the driver ends after flushing.

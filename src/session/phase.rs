@@ -2,11 +2,12 @@
 //! phases (see the diagram in `facade.rs`).
 
 use bytes::{Bytes, BytesMut};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use super::action::{Action, Epoch};
 use super::backlog::Pending;
+use super::config::MIGRATION_DIAL_RATE;
 use super::dedup::{self, Dedup};
 use super::facade::{Role, Session};
 use super::link::{Link, PingOwner};
@@ -121,8 +122,12 @@ impl Session {
                         self.cfg.max_hold_bytes,
                     ));
                 }
-                // The old link still works: spread the proxy's dials (`migration_spread`).
-                let spread = self.cfg.migration_spread.mul_f64(self.rng.f64());
+                // The old link still works: spread the dials of the sessions moving
+                // together (`migration_spread`, see MIGRATION_DIAL_RATE); alone, at once.
+                let movers = self.peers_moving + 1;
+                let window = Duration::from_secs_f64((movers - 1) as f64 / MIGRATION_DIAL_RATE)
+                    .min(self.cfg.migration_spread);
+                let spread = window.mul_f64(self.rng.f64());
                 if spread.is_zero() {
                     self.start_dial();
                 } else {
@@ -288,8 +293,9 @@ impl Session {
         self.pool.mark_failed(&dead.addr, now);
         warn!(upstream = %dead.addr, server = %dead.server_name(), %reason, "upstream lost; failing over");
         self.stats.publishes_resent += dead.unconfirmed.len() as u64;
-        if served {
-            // PONGs the dead link owed the client: answer them, the client must not stall.
+        if served || dead.refusal.is_none() {
+            // PONGs the dead link owed the client: answer them, the client must not stall
+            // (an outage: also when the node closed before it took our CONNECT).
             for p in &dead.pings {
                 if p.owner == PingOwner::Client {
                     self.replies.pong_arrived();
@@ -302,9 +308,10 @@ impl Session {
                 self.backlog.push_front(Pending::Data(b));
             }
         } else {
-            // The node never took our CONNECT, so it processed nothing written after
-            // it: the client's PINGs go out again too, in their places among its
-            // publishes (a PONG now would claim what no server did).
+            // The node refused our CONNECT, so it processed nothing written after it,
+            // and the next may refuse it too: the client's PINGs go out again, in their
+            // places among its publishes (a PONG now would claim what no server did;
+            // if every node refuses, the client gets the -ERR instead, as directly).
             let mut again: Vec<(u64, Pending)> = dead
                 .unconfirmed
                 .into_iter()

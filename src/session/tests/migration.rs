@@ -295,6 +295,7 @@ fn the_leaving_node_under_another_name_is_never_moved_onto() {
 
 #[test]
 fn lame_duck_dials_are_spread_over_the_migration_spread() {
+    // 1,000 sessions of one process moving at once: each waits its share of the spread.
     let mut delays = Vec::new();
     for seed in 0..50 {
         let mut h = H::with(SessionConfig {
@@ -305,6 +306,7 @@ fn lame_duck_dials_are_spread_over_the_migration_spread() {
             b"INFO {\"server_id\":\"S\",\"connect_urls\":[\"x:1\"]} \r\n",
             b"CONNECT {\"verbose\":false}\r\n",
         );
+        h.s.set_peers_moving(999);
         let a = h.upstream(1, b"INFO {\"server_id\":\"S\",\"ldm\":true} \r\n");
         assert!(
             dial_of(&a).is_none(),
@@ -324,6 +326,27 @@ fn lame_duck_dials_are_spread_over_the_migration_spread() {
         delays[37] - delays[12] > DEFAULT_MIGRATION_SPREAD / 4,
         "{delays:?}"
     );
+}
+
+#[test]
+fn a_lone_session_dials_at_once_and_a_few_spread_over_a_short_window() {
+    let up = |peers| {
+        let mut h = H::with(SessionConfig::default()).up(
+            b"INFO {\"server_id\":\"S\",\"connect_urls\":[\"x:1\"]} \r\n",
+            b"CONNECT {\"verbose\":false}\r\n",
+        );
+        h.s.set_peers_moving(peers);
+        let a = h.upstream(1, b"INFO {\"server_id\":\"S\",\"ldm\":true} \r\n");
+        (dial_of(&a).is_some(), h.s.poll_timeout().map(|t| t - h.now))
+    };
+    // A sidecar's only client: no spread at all.
+    assert!(up(0).0, "a lone session dials at once");
+    // 10 moving together: within 10 / MIGRATION_DIAL_RATE.
+    for _ in 0..20 {
+        let (now, wait) = up(9);
+        let bound = Duration::from_secs_f64(10.0 / MIGRATION_DIAL_RATE);
+        assert!(now || wait.is_some_and(|w| w <= bound), "{wait:?}");
+    }
 }
 
 #[test]
