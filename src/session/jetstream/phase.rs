@@ -23,8 +23,9 @@
 //!   answer at all (nats-server 2.9 never answers a pull to an unavailable consumer) or a
 //!   `503` means: not yet. At most one probe per inbox is out at a time, so credit never
 //!   doubles; probes go at most every [`PROBE_INTERVAL`] (2.15: `503` at once) or every
-//!   [`PROBE_EXPIRES`] + [`PROBE_GRACE`] (2.9: no answer), i.e. at most 2 a second per
-//!   inbox.
+//!   [`PROBE_EXPIRES`] + [`PROBE_GRACE`] (2.9: no answer), i.e. at most 10 a second per
+//!   inbox while its consumer has no leader (2.15), 2.5 a second on 2.9: a new leader is
+//!   found within about 100 ms of its election.
 //! - **Unplaced**: known not to be placed anywhere (it died with its consumer leader, or
 //!   the link that carried it failed), waiting for a link or its probe turn.
 //!
@@ -42,11 +43,11 @@ use bytes::Bytes;
 use super::request::{self, Ask, PullBody};
 
 /// Upstream expiry of a probe.
-pub const PROBE_EXPIRES: Duration = Duration::from_millis(400);
+pub const PROBE_EXPIRES: Duration = Duration::from_millis(250);
 /// How long after a probe's expiry its `408` may still come before it counts as unanswered.
-pub const PROBE_GRACE: Duration = Duration::from_millis(200);
+pub const PROBE_GRACE: Duration = Duration::from_millis(150);
 /// Wait before the next probe after a `503`.
-pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// Slack on "two heartbeats missed" for timer and network jitter.
 pub const HB_SLACK: Duration = Duration::from_millis(50);
 /// How long past its deadline a placed request's `408` may come before it is forgotten.

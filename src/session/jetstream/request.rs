@@ -21,7 +21,7 @@ use crate::proto::encode;
 /// without a status (its consumer leader moved before it replicated, or an R1 consumer's
 /// node went lame duck) is noticed after two of them. One small status a second per
 /// waiting request is the price.
-pub const UPSTREAM_HB_MAX: Duration = Duration::from_secs(1);
+pub const UPSTREAM_HB_MAX: Duration = Duration::from_millis(150);
 /// Smallest one: a request expiring so soon that its heartbeat would be shorter is only
 /// watched through its expiry.
 pub const UPSTREAM_HB_MIN: Duration = Duration::from_millis(100);

@@ -187,7 +187,10 @@ fn pull_statuses_through_the_session_shielded_or_passed_by_class() {
             assert!(
                 up.contains("PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.CV _INBOX.v ")
                     && up.contains("\"batch\":200")
-                    && up.contains("\"expires\":400000000"),
+                    && up.contains(&format!(
+                        "\"expires\":{}",
+                        crate::session::jetstream::phase::PROBE_EXPIRES.as_nanos()
+                    )),
                 "{line}: {up}"
             );
         }

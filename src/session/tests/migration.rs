@@ -220,7 +220,10 @@ fn a_jetstream_delivery_arriving_on_both_links_is_forwarded_once() {
     let a = h.client(pull);
     let up = String::from_utf8(to_upstream(&a)).unwrap();
     assert!(
-        up.contains("\"idle_heartbeat\":1000000000"),
+        up.contains(&format!(
+            "\"idle_heartbeat\":{}",
+            crate::session::jetstream::request::UPSTREAM_HB_MAX.as_nanos()
+        )),
         "heartbeat added: {up}"
     );
     let a = h.upstream(
