@@ -101,9 +101,10 @@ fn a_connect_that_cannot_fit_ends_the_client_once_without_redialling() {
     assert!(dial_of(&h.actions()).is_none());
 }
 
-/// Runs the session against nodes that each refuse the handshake with `err`, for up to
-/// `secs` of simulated time; returns the dial times, the client's bytes and the close.
-fn refused_everywhere(err: &[u8], secs: u64) -> (Vec<Instant>, Vec<u8>, Option<CloseReason>) {
+/// Runs the session for up to `secs` of simulated time against nodes that each answer
+/// a new link with INFO, then `reply` (after the client's CONNECT and PING, sent once),
+/// then close it; returns the dial times, the client's bytes and the close.
+fn against_nodes(reply: &[u8], secs: u64) -> (Vec<Instant>, Vec<u8>, Option<CloseReason>) {
     let mut h = three_nodes();
     let t_end = h.now + Duration::from_secs(secs);
     let (mut dials, mut to_cli, mut close) = (Vec::new(), Vec::new(), None);
@@ -120,7 +121,7 @@ fn refused_everywhere(err: &[u8], secs: u64) -> (Vec<Instant>, Vec<u8>, Option<C
                 a.extend(h.client(b"CONNECT {\"verbose\":false}\r\nPING\r\n"));
                 connected = true;
             }
-            a.extend(h.upstream(e.0, err));
+            a.extend(h.upstream(e.0, reply));
             h.s.handle_upstream_lost(e, h.now);
             a.extend(h.actions());
             continue;
@@ -136,7 +137,7 @@ fn refused_everywhere(err: &[u8], secs: u64) -> (Vec<Instant>, Vec<u8>, Option<C
 #[test]
 fn a_handshake_refused_on_every_node_ends_the_client_after_one_try_each() {
     let err = b"-ERR 'maximum control line exceeded'\r\n";
-    let (dials, out, close) = refused_everywhere(err, 600);
+    let (dials, out, close) = against_nodes(err, 600);
     assert_eq!(close, Some(CloseReason::UpstreamRefused));
     assert_eq!(dials.len(), 3, "one try per known node");
     // Backed off between tries, never at once.
@@ -153,7 +154,7 @@ fn a_handshake_refused_on_every_node_ends_the_client_after_one_try_each() {
 
 #[test]
 fn refused_credentials_end_the_client_at_the_first_node() {
-    let (dials, out, close) = refused_everywhere(b"-ERR 'Authorization Violation'\r\n", 600);
+    let (dials, out, close) = against_nodes(b"-ERR 'Authorization Violation'\r\n", 600);
     assert_eq!(close, Some(CloseReason::UpstreamRefused));
     assert_eq!(dials.len(), 1);
     assert!(String::from_utf8(out)
@@ -164,29 +165,7 @@ fn refused_credentials_end_the_client_at_the_first_node() {
 #[test]
 fn a_node_that_closes_before_taking_the_connect_is_redialled_with_backoff() {
     // No -ERR at all (a crash loop): not a refusal, but never a dial loop either.
-    let mut h = three_nodes();
-    let t_end = h.now + Duration::from_secs(10);
-    let mut dials = Vec::new();
-    let mut a = h.actions();
-    let mut connected = false;
-    while h.now < t_end && closed(&a).is_none() {
-        if let Some((e, _)) = dial_of(&a) {
-            dials.push(h.now);
-            h.s.handle_upstream_connected(e, h.now);
-            a = h.upstream(e.0, INFO_ABC);
-            if !connected {
-                a.extend(h.client(b"CONNECT {\"verbose\":false}\r\n"));
-                connected = true;
-            }
-            h.s.handle_upstream_lost(e, h.now);
-            a.extend(h.actions());
-            continue;
-        }
-        let Some(t) = h.s.poll_timeout() else { break };
-        h.now = t.max(h.now);
-        h.s.handle_timeout(h.now);
-        a = h.actions();
-    }
+    let (dials, _, _) = against_nodes(b"", 10);
     // Backoff doubling from backoff_min to backoff_max: a handful in 10 s, not thousands.
     assert!((2..=12).contains(&dials.len()), "{} dials", dials.len());
 }
@@ -293,33 +272,7 @@ fn a_protocol_0_client_gets_no_connect_info() {
 fn a_node_that_takes_the_handshake_and_dies_at_once_is_not_a_dial_loop() {
     // Accepted (its handshake PONG came), then lost, again and again, with no time
     // passing: the session's dial window holds.
-    let mut h = three_nodes();
-    let t_end = h.now + Duration::from_secs(3);
-    let mut dials = Vec::new();
-    let mut a = h.actions();
-    let mut connected = false;
-    for _ in 0..1000 {
-        if h.now >= t_end || closed(&a).is_some() {
-            break;
-        }
-        if let Some((e, _)) = dial_of(&a) {
-            dials.push(h.now);
-            h.s.handle_upstream_connected(e, h.now);
-            a = h.upstream(e.0, INFO_ABC);
-            if !connected {
-                a.extend(h.client(b"CONNECT {\"verbose\":false}\r\n"));
-                connected = true;
-            }
-            a.extend(h.upstream(e.0, b"PONG\r\nPONG\r\n"));
-            h.s.handle_upstream_lost(e, h.now);
-            a.extend(h.actions());
-            continue;
-        }
-        let Some(t) = h.s.poll_timeout() else { break };
-        h.now = t.max(h.now);
-        h.s.handle_timeout(h.now);
-        a = h.actions();
-    }
+    let (dials, _, _) = against_nodes(b"PONG\r\nPONG\r\n", 3);
     for (i, &t) in dials.iter().enumerate() {
         let in_window = dials[i..]
             .iter()
