@@ -2,7 +2,7 @@
 //! JWT), its own trusted-proxy key, and what it asks of its clients. Secrets never appear
 //! in `Debug` output or errors; public keys identify them.
 
-use crate::proto::json::ClientOptions;
+use crate::proto::json::{ClientOptions, ConnectAuth};
 
 /// An nkey seed (`S…`), checked when it is loaded. Never printed: `Debug` shows the
 /// public key only.
@@ -136,5 +136,116 @@ impl Credentials {
             jwt,
             seed: NkeySeed::new(&seed)?,
         })
+    }
+}
+
+/// What authenticates the proxy's CONNECT to a node whose INFO carried `nonce`: the
+/// credentials the proxy holds (nkey and JWT ones sign that nonce), else the client's
+/// user, password or token as it sent them; and the proxy's own signature
+/// (`proxy_sig`, for servers that list natsproxy as a trusted proxy) when it has a key.
+pub fn connect_auth(
+    held: Option<&Credentials>,
+    client: &ClientOptions,
+    nonce: Option<&str>,
+    proxy_key: Option<&NkeySeed>,
+) -> ConnectAuth {
+    let nonce = nonce.unwrap_or("");
+    let mut a = match held {
+        Some(Credentials::UserPass { user, pass }) => ConnectAuth {
+            user: Some(user.clone()),
+            pass: Some(pass.clone()),
+            ..ConnectAuth::default()
+        },
+        Some(Credentials::Token(t)) => ConnectAuth {
+            auth_token: Some(t.clone()),
+            ..ConnectAuth::default()
+        },
+        Some(Credentials::Nkey(seed)) => ConnectAuth {
+            nkey: Some(seed.public_key()),
+            sig: Some(seed.sign_nonce(nonce)),
+            ..ConnectAuth::default()
+        },
+        Some(Credentials::Jwt { jwt, seed }) => ConnectAuth {
+            jwt: Some(jwt.clone()),
+            sig: Some(seed.sign_nonce(nonce)),
+            ..ConnectAuth::default()
+        },
+        None => ConnectAuth {
+            user: client.user.clone(),
+            pass: client.pass.clone(),
+            auth_token: client.auth_token.clone(),
+            ..ConnectAuth::default()
+        },
+    };
+    a.proxy_sig = proxy_key.map(|k| k.sign_nonce(nonce));
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn verify(public: &str, nonce: &str, sig: &str) -> bool {
+        let sig = data_encoding::BASE64URL_NOPAD
+            .decode(sig.as_bytes())
+            .unwrap();
+        nkeys::KeyPair::from_public_key(public)
+            .unwrap()
+            .verify(nonce.as_bytes(), &sig)
+            .is_ok()
+    }
+
+    #[test]
+    fn held_nkey_jwt_and_proxy_key_sign_the_nodes_nonce() {
+        let user = nkeys::KeyPair::new_user();
+        let proxy = nkeys::KeyPair::new_user();
+        let seed = NkeySeed::new(&user.seed().unwrap()).unwrap();
+        let pkey = NkeySeed::new(&proxy.seed().unwrap()).unwrap();
+        let o = ClientOptions::default();
+        let j = |c: &Credentials, nonce| -> Value {
+            let auth = connect_auth(Some(c), &o, Some(nonce), Some(&pkey));
+            serde_json::from_slice(&o.upstream_connect_json(&auth, 4096).unwrap()).unwrap()
+        };
+        let v = j(&Credentials::Nkey(seed.clone()), "nonce-one");
+        assert_eq!(v["nkey"], user.public_key());
+        assert!(verify(
+            &user.public_key(),
+            "nonce-one",
+            v["sig"].as_str().unwrap()
+        ));
+        assert!(verify(
+            &proxy.public_key(),
+            "nonce-one",
+            v["proxy_sig"].as_str().unwrap()
+        ));
+        // The next node's nonce gets its own signature.
+        let w = j(&Credentials::Nkey(seed.clone()), "nonce-two");
+        assert_ne!(v["sig"], w["sig"]);
+        assert!(verify(
+            &user.public_key(),
+            "nonce-two",
+            w["sig"].as_str().unwrap()
+        ));
+
+        let creds = format!(
+            "-----BEGIN NATS USER JWT-----\neyJhIjoxfQ.eyJiIjoyfQ.c2ln\n------END NATS USER JWT------\n\n\
+             ************************* IMPORTANT *************************\n\n\
+             -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+            user.seed().unwrap()
+        );
+        let c = Credentials::from_creds(&creds).unwrap();
+        let v = j(&c, "nonce-three");
+        assert_eq!(v["jwt"], "eyJhIjoxfQ.eyJiIjoyfQ.c2ln");
+        assert!(v.get("nkey").is_none());
+        assert!(verify(
+            &user.public_key(),
+            "nonce-three",
+            v["sig"].as_str().unwrap()
+        ));
+        // Nothing secret in Debug output.
+        let shown = format!("{c:?} {:?} {pkey:?}", Credentials::Nkey(seed));
+        assert!(!shown.contains(&user.seed().unwrap()) && !shown.contains(&proxy.seed().unwrap()));
+        assert!(Credentials::from_creds("garbage").is_err());
     }
 }

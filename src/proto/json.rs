@@ -4,8 +4,6 @@
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::auth::{Credentials, NkeySeed};
-
 /// The options of a client's CONNECT, with nats-server's defaults for absent fields.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClientOptions {
@@ -131,16 +129,13 @@ impl ClientOptions {
     /// informational fields give way (`version`, `lang`, then `name` is cut short); what
     /// authenticates never does: then the CONNECT does not fit at all.
     ///
-    /// `nonce` is the upstream INFO's; nkey and JWT credentials sign it, and so does the
-    /// proxy's own key (`proxy_sig`, for servers that list natsproxy as a trusted proxy).
+    /// `auth` is what authenticates it, chosen and signed over the node's nonce by
+    /// [`crate::auth`] (the codec never sees a secret key).
     pub fn upstream_connect_json(
         &self,
-        held: Option<&Credentials>,
-        nonce: Option<&str>,
-        proxy_key: Option<&NkeySeed>,
+        auth: &ConnectAuth,
         max_len: usize,
     ) -> Result<Vec<u8>, ConnectTooLong> {
-        let nonce = nonce.unwrap_or("");
         let mut m = Map::new();
         m.insert("verbose".into(), false.into());
         m.insert("pedantic".into(), false.into());
@@ -150,37 +145,19 @@ impl ClientOptions {
         }
         m.insert("headers".into(), true.into());
         m.insert("no_responders".into(), true.into());
-        match held {
-            Some(Credentials::UserPass { user, pass }) => {
-                m.insert("user".into(), user.clone().into());
-                m.insert("pass".into(), pass.clone().into());
+        let fields = [
+            ("user", &auth.user),
+            ("pass", &auth.pass),
+            ("auth_token", &auth.auth_token),
+            ("nkey", &auth.nkey),
+            ("jwt", &auth.jwt),
+            ("sig", &auth.sig),
+            ("proxy_sig", &auth.proxy_sig),
+        ];
+        for (k, v) in fields {
+            if let Some(v) = v {
+                m.insert(k.into(), v.clone().into());
             }
-            Some(Credentials::Token(t)) => {
-                m.insert("auth_token".into(), t.clone().into());
-            }
-            Some(Credentials::Nkey(seed)) => {
-                m.insert("nkey".into(), seed.public_key().into());
-                m.insert("sig".into(), seed.sign_nonce(nonce).into());
-            }
-            Some(Credentials::Jwt { jwt, seed }) => {
-                m.insert("jwt".into(), jwt.clone().into());
-                m.insert("sig".into(), seed.sign_nonce(nonce).into());
-            }
-            None => {
-                let fields = [
-                    ("user", &self.user),
-                    ("pass", &self.pass),
-                    ("auth_token", &self.auth_token),
-                ];
-                for (k, v) in fields {
-                    if let Some(v) = v {
-                        m.insert(k.into(), v.clone().into());
-                    }
-                }
-            }
-        }
-        if let Some(k) = proxy_key {
-            m.insert("proxy_sig".into(), k.sign_nonce(nonce).into());
         }
         let identity = [
             ("version", &self.version),
@@ -193,6 +170,37 @@ impl ClientOptions {
             }
         }
         fit_connect(m, max_len)
+    }
+}
+
+/// The fields of a CONNECT that authenticate it, as they go on the wire.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ConnectAuth {
+    pub user: Option<String>,
+    pub pass: Option<String>,
+    pub auth_token: Option<String>,
+    /// The public nkey (`U…`).
+    pub nkey: Option<String>,
+    pub jwt: Option<String>,
+    /// The signature of the server's nonce by the nkey (or the JWT's key).
+    pub sig: Option<String>,
+    /// The proxy's own signature of the nonce (trusted proxies).
+    pub proxy_sig: Option<String>,
+}
+
+impl std::fmt::Debug for ConnectAuth {
+    /// Which fields are set, never their values.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = |v: &Option<String>| v.as_ref().map(|_| "***");
+        f.debug_struct("ConnectAuth")
+            .field("user", &set(&self.user))
+            .field("pass", &set(&self.pass))
+            .field("auth_token", &set(&self.auth_token))
+            .field("nkey", &self.nkey)
+            .field("jwt", &set(&self.jwt))
+            .field("sig", &set(&self.sig))
+            .field("proxy_sig", &set(&self.proxy_sig))
+            .finish()
     }
 }
 
@@ -402,71 +410,5 @@ mod tests {
         assert_eq!(out["proto"], 1);
         assert_eq!(out["max_payload"], 2048);
         assert_eq!(out["port"], 4222);
-    }
-
-    fn verify(public: &str, nonce: &str, sig: &str) -> bool {
-        let sig = data_encoding::BASE64URL_NOPAD
-            .decode(sig.as_bytes())
-            .unwrap();
-        nkeys::KeyPair::from_public_key(public)
-            .unwrap()
-            .verify(nonce.as_bytes(), &sig)
-            .is_ok()
-    }
-
-    #[test]
-    fn held_nkey_jwt_and_proxy_key_sign_the_nodes_nonce() {
-        let user = nkeys::KeyPair::new_user();
-        let proxy = nkeys::KeyPair::new_user();
-        let seed = NkeySeed::new(&user.seed().unwrap()).unwrap();
-        let pkey = NkeySeed::new(&proxy.seed().unwrap()).unwrap();
-        let o = ClientOptions::default();
-        let j = |c: &Credentials, nonce| -> Value {
-            serde_json::from_slice(
-                &o.upstream_connect_json(Some(c), Some(nonce), Some(&pkey), 4096)
-                    .unwrap(),
-            )
-            .unwrap()
-        };
-        let v = j(&Credentials::Nkey(seed.clone()), "nonce-one");
-        assert_eq!(v["nkey"], user.public_key());
-        assert!(verify(
-            &user.public_key(),
-            "nonce-one",
-            v["sig"].as_str().unwrap()
-        ));
-        assert!(verify(
-            &proxy.public_key(),
-            "nonce-one",
-            v["proxy_sig"].as_str().unwrap()
-        ));
-        // The next node's nonce gets its own signature.
-        let w = j(&Credentials::Nkey(seed.clone()), "nonce-two");
-        assert_ne!(v["sig"], w["sig"]);
-        assert!(verify(
-            &user.public_key(),
-            "nonce-two",
-            w["sig"].as_str().unwrap()
-        ));
-
-        let creds = format!(
-            "-----BEGIN NATS USER JWT-----\neyJhIjoxfQ.eyJiIjoyfQ.c2ln\n------END NATS USER JWT------\n\n\
-             ************************* IMPORTANT *************************\n\n\
-             -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
-            user.seed().unwrap()
-        );
-        let c = Credentials::from_creds(&creds).unwrap();
-        let v = j(&c, "nonce-three");
-        assert_eq!(v["jwt"], "eyJhIjoxfQ.eyJiIjoyfQ.c2ln");
-        assert!(v.get("nkey").is_none());
-        assert!(verify(
-            &user.public_key(),
-            "nonce-three",
-            v["sig"].as_str().unwrap()
-        ));
-        // Nothing secret in Debug output.
-        let shown = format!("{c:?} {:?} {pkey:?}", Credentials::Nkey(seed));
-        assert!(!shown.contains(&user.seed().unwrap()) && !shown.contains(&proxy.seed().unwrap()));
-        assert!(Credentials::from_creds("garbage").is_err());
     }
 }

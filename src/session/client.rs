@@ -8,12 +8,13 @@ use tracing::{debug, info, warn};
 use super::action::{Action, CloseReason};
 use super::backlog::Pending;
 use super::dedup;
-use super::facade::{ClientState, Role, Session};
 use super::jetstream::acks::AckRef;
 use super::jetstream::{self, Shield};
 use super::link::{Link, LinkState};
-use super::phase::Phase;
+use super::links::Role;
+use super::phase::{Phase, Step};
 use super::replies::Ready;
+use super::{ClientState, Session};
 use crate::proto::{encode, subject, ClientOp, Message, ProtoError};
 
 impl Session {
@@ -128,7 +129,7 @@ impl Session {
     }
 
     pub(super) fn on_client_ping(&mut self) {
-        let primary_ready = self.primary.as_ref().is_some_and(Link::established);
+        let primary_ready = self.links.primary().is_some_and(Link::established);
         if primary_ready || self.switching() || self.client_state_before_upstream() {
             self.replies.push_pong();
             self.send_publish(Pending::Ping);
@@ -192,14 +193,7 @@ impl Session {
         self.flush_err_log();
         // What the overlap counted is the session's, also when it ends with the client.
         self.end_overlap();
-        for l in [
-            self.primary.take(),
-            self.standby.take(),
-            self.retiring.take(),
-        ]
-        .into_iter()
-        .flatten()
-        {
+        for l in self.links.take_all().into_iter().flatten() {
             self.actions.push_back(Action::CloseUpstream(l.epoch));
         }
         self.actions.push_back(Action::CloseClient(reason));
@@ -308,5 +302,60 @@ impl Session {
         debug!(sid = %String::from_utf8_lossy(m.sid()), last_consumer = run.first - 1,
             "amended a heartbeat that named a redelivery hidden from the client");
         Some(b)
+    }
+}
+
+impl Session {
+    /// Writes a publish (or client PING) to the primary, or queues it in the backlog.
+    pub(super) fn send_publish(&mut self, p: Pending) {
+        let switching = self.switching();
+        let to = self
+            .links
+            .primary_mut()
+            .filter(|l| l.established() && !switching);
+        self.backlog.send(to, p, self.now, &mut self.actions);
+    }
+
+    /// SUB/UNSUB go to every link that already replayed, so all hold the same set. A link
+    /// not yet replayed gets the table's state in its replay instead.
+    pub(super) fn send_sub_op(&mut self, raw: Bytes, is_unsub: bool) {
+        let drain_sent = matches!(
+            self.phase,
+            Phase::Migrating(
+                _,
+                Step::Draining {
+                    unsub_sent: true,
+                    ..
+                }
+            )
+        );
+        for role in [Role::Primary, Role::Standby, Role::Retiring] {
+            let Some(l) = self.link(role) else { continue };
+            let wanted = match role {
+                Role::Retiring => is_unsub && !drain_sent,
+                _ => l.established(),
+            };
+            if wanted {
+                let epoch = l.epoch;
+                self.actions
+                    .push_back(Action::ToUpstream(epoch, raw.clone()));
+            }
+        }
+    }
+
+    /// Publishes written since the last PING get their confirmation soon (see
+    /// [`super::backlog::Backlog::confirm_soon`]).
+    pub(super) fn confirm_publishes(&mut self) {
+        let primary = self.links.primary_mut();
+        self.backlog
+            .confirm_soon(primary, self.now, &mut self.actions);
+    }
+
+    /// The backlog goes to the primary, which now takes traffic.
+    pub(super) fn flush_backlog(&mut self) {
+        if let Some(l) = self.links.primary_mut() {
+            self.backlog.flush(l, self.now, &mut self.actions);
+        }
+        self.confirm_publishes();
     }
 }

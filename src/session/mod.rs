@@ -1,5 +1,53 @@
-//! The per-client state machine: pure, sans-io (see [`Session`], and its phase diagram
-//! in `facade.rs`).
+//! The per-client state machine: pure, sans-io. It takes client bytes, upstream bytes,
+//! connection events and `now`, and returns [`Action`]s for the driver to carry out.
+//!
+//! # Links
+//!
+//! A session has up to three upstream links, each with its own [`Epoch`]:
+//! - **primary**: receives the client's traffic;
+//! - **standby**: being brought up (dial → INFO → CONNECT+PING → SUB replay → PING);
+//! - **retiring**: the old primary after a switch, until it has been drained.
+//!
+//! Events from an epoch that holds none of these roles are dropped, never routed.
+//!
+//! # Phases
+//!
+//! The session's [`Phase`](super::phase::Phase) (and a migration's `Step`), in the words
+//! the code uses:
+//!
+//! ```text
+//!  Starting ── dial ─► standby: AwaitInfo ─INFO─► (client INFO sent once) ─client CONNECT─┐
+//!     │ each node failed once, no INFO yet ─► closed (the client's own retry takes over)  ▼
+//!     │            CONNECT, PING, replay SUBs (same sid/subject/queue, max − delivered), PING
+//!     └───────────────────────────────── promote (backlog flushed) ─► Steady
+//!
+//!  Steady ─ lame duck (INFO ldm:true on primary A; A's deliveries are remembered from
+//!  here on: Overlap::Live) ─► Migrating(Preparing): dial B after a random part of
+//!  `migration_spread`; B established (replay written, B attached to the overlap: both
+//!  deliver, B's copies held back)
+//!    ─ B's replay PONG (its SUBs are registered) ─► Switching: barrier PING on A, client
+//!      traffic waits in the backlog
+//!    ─ A's PONG (all earlier publishes processed) ─► Draining: A retiring, B primary,
+//!      backlog flushed to B
+//!    ─ the settle delay after B's replay PONG, and B's proof of overlap on every live
+//!      plain subscription (at most PROOF_WAIT more) ─► UNSUB every sid on A + PING
+//!    ─ A's PONG, or A closed by its server ─► finish_migration: Steady; Overlap::Lingering
+//!      matches B's late copies for one settle delay (then Overlap::None)
+//!
+//!  Steady or Migrating ─ primary lost (closed, reset, garbage, or stale: a PING
+//!  unanswered for ping_interval × max_pings_out) ─► Outage: the client stays connected,
+//!  its owed PONGs are answered, publishes the dead link never confirmed go back to the
+//!  front of the backlog; dial another node (backoff from backoff_min to backoff_max,
+//!  jittered) ─► promote: Steady, every tracked pull request placed again.
+//!  Outage for max_outage ─► -ERR to the client and close.
+//!
+//!  A link that closes before its handshake PONG never took our CONNECT: its publishes
+//!  wait again in the backlog (it processed nothing), and the next node is dialled after
+//!  a backoff (never at once). If its server gave an -ERR first, it refused the CONNECT:
+//!  the client's PINGs wait again too (else they are answered, as in any outage). Credentials refused, or each known node refused once, with no accepted
+//!  primary left ─► that -ERR to the client and close (UpstreamRefused). Whatever the
+//!  cause, a session dials at most MAX_DIALS_PER_WINDOW times per DIAL_WINDOW.
+//! ```
 
 // No clock here (clippy.toml): `now` comes with every event. Tests may make up times.
 #![cfg_attr(not(test), deny(clippy::disallowed_methods))]
@@ -10,9 +58,9 @@ mod client;
 mod config;
 pub mod dedup;
 mod dial_window;
-mod facade;
 pub mod jetstream;
 pub mod link;
+mod links;
 mod phase;
 pub mod pool;
 pub mod replies;
@@ -25,8 +73,366 @@ pub use action::{Action, CloseReason, Epoch};
 pub use backlog::{CONFIRM_BYTES, CONFIRM_DELAY};
 pub use config::*;
 pub use dial_window::{DIAL_WINDOW, MAX_DIALS_PER_WINDOW};
-pub use facade::Session;
 pub use stats::{MoveReason, SessionEvent, SessionStats, MAX_EVENTS};
 
 #[cfg(test)]
 mod tests;
+
+use bytes::BytesMut;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+use tracing::warn;
+
+use self::backlog::Backlog;
+use self::dedup::Dedup;
+use self::dial_window::DialWindow;
+use self::jetstream::acks::AckMemory;
+use self::jetstream::PullTracker;
+use self::link::{Link, LinkState};
+use self::links::{Links, Role};
+use self::phase::{Overlap, Phase};
+use self::pool::NodePool;
+use self::replies::ReplyQueue;
+use self::subs::SubTable;
+use crate::proto::json::ClientOptions;
+use crate::proto::{ClientDecoder, Limits, ServerOp};
+
+/// Client-facing progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClientState {
+    /// Our INFO has not been sent (no upstream INFO yet).
+    NoInfo,
+    /// INFO sent, no CONNECT (nor other op) received yet.
+    AwaitConnect,
+    /// The client connected (explicitly or by sending another op first).
+    Connected,
+    /// A fatal `-ERR` (or silent close) waits behind replies still owed (a PONG the
+    /// upstream has not answered yet); the client's input is ignored, and it is closed
+    /// once they are written.
+    Ending,
+    /// Closed; everything further is ignored.
+    Closed,
+}
+
+/// An upstream `-ERR` text and how many times it came again: one client's repeated
+/// error is one log line with a count, not one per event.
+#[derive(Debug, Default)]
+struct RepeatedErr {
+    text: Option<bytes::Bytes>,
+    repeats: u32,
+}
+
+/// The pure per-client state machine; the phase diagram is in the module docs.
+///
+/// # Call order (for the driver)
+///
+/// Methods are of four kinds, as in quinn-proto: getters; `handle_*` for incoming events
+/// (client bytes, upstream bytes, a dial that connected or failed, a lost link, a due
+/// timer); `shutdown`; and `poll_*`/`take_*` for what the driver must do. After every
+/// `handle_*` call: first [`take_client_output`](Session::take_client_output) (bytes for
+/// the client, in order, before any action), then [`poll_action`](Session::poll_action)
+/// until `None`, then [`poll_event`](Session::poll_event) for metrics, then
+/// [`poll_timeout`](Session::poll_timeout) to arm the timer. Report
+/// `handle_upstream_connected` before the first `handle_upstream_bytes` of an epoch. Call
+/// `handle_timeout` when the deadline is reached, and also when the clock passed it while
+/// other events kept the driver busy: it fires every timer that is due.
+///
+/// Client traffic that cannot be written (no established primary, or a switch barrier
+/// pending) waits in the backlog, bounded with the primary's unconfirmed data by
+/// `max_backlog` bytes; past it the driver stops reading the client. The client's PINGs go
+/// upstream and its PONG is relayed when the upstream answers, so a PONG proves that
+/// everything before it reached the server (during an outage they are answered at once).
+/// Publishes written upstream are kept until a PONG confirms them; the proxy's own
+/// confirmation PING goes out `CONFIRM_DELAY` (20 ms) after the first unconfirmed one, or
+/// at once past `CONFIRM_BYTES` (64 KiB), so a request/reply client does not pay a PING per
+/// request. A link that dies takes at most that window of publishes to be written again.
+pub struct Session {
+    cfg: SessionConfig,
+    client_state: ClientState,
+    opts: ClientOptions,
+    client_dec: ClientDecoder,
+    replies: ReplyQueue,
+    subs: SubTable,
+    pool: NodePool,
+    links: Links,
+    phase: Phase,
+    overlap: Overlap,
+    dial_at: Option<Instant>,
+    attempts: u32,
+    /// Handshakes refused (an `-ERR` before the server took our CONNECT) since a node
+    /// last took one; at one per known node the client is told and closed.
+    refusals: usize,
+    /// The session's own bound on dials per second.
+    dial_window: DialWindow,
+    /// Other sessions of the process moving off a lame-duck node now (from the driver).
+    peers_moving: usize,
+    /// The upstream `-ERR` logged last, and how often it came again since.
+    err_log: RepeatedErr,
+    /// A PONG was written to the client (the `connect_info` INFO follows the first).
+    first_pong_sent: bool,
+    backlog: Backlog,
+    actions: VecDeque<Action>,
+    /// Bytes for the client, in order (see `poll_action`).
+    client_out: BytesMut,
+    /// The `now` of the event being handled.
+    now: Instant,
+    rng: fastrand::Rng,
+    stats: SessionStats,
+    pulls: PullTracker,
+    acks: AckMemory,
+    /// Events for metrics; bounded (oldest dropped past [`MAX_EVENTS`]).
+    events: VecDeque<SessionEvent>,
+}
+
+impl Session {
+    /// A session for a freshly accepted client; the first action dials an upstream.
+    pub fn new(cfg: SessionConfig, now: Instant) -> Session {
+        let mut rng = fastrand::Rng::with_seed(cfg.seed);
+        let pool = NodePool::new(&cfg.upstreams).seeded(rng.u64(..));
+        let mut s = Session {
+            cfg,
+            client_state: ClientState::NoInfo,
+            opts: ClientOptions::default(),
+            client_dec: ClientDecoder::new(Limits::default()),
+            replies: ReplyQueue::default(),
+            subs: SubTable::default(),
+            pool,
+            links: Links::default(),
+            phase: Phase::Starting { failures: 0 },
+            overlap: Overlap::None,
+            dial_at: None,
+            attempts: 0,
+            refusals: 0,
+            dial_window: DialWindow::default(),
+            peers_moving: 0,
+            err_log: RepeatedErr::default(),
+            first_pong_sent: false,
+            backlog: Backlog::default(),
+            actions: VecDeque::new(),
+            client_out: BytesMut::new(),
+            now,
+            rng,
+            stats: SessionStats::default(),
+            pulls: PullTracker::default(),
+            acks: AckMemory::default(),
+            events: VecDeque::new(),
+        };
+        s.start_dial();
+        s
+    }
+
+    /// The next action for the driver, in order.
+    ///
+    /// Bytes for the client are gathered into one buffer and come first, as one
+    /// `ToClient`: nothing queued for the client ever has to wait for another action.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        if !self.client_out.is_empty() {
+            return Some(Action::ToClient(self.client_out.split().freeze()));
+        }
+        self.actions.pop_front()
+    }
+
+    /// Moves what is queued for the client to the end of `dst` (the driver's write
+    /// buffer): a swap when `dst` is empty, so relayed bytes are copied once in all.
+    /// Call before [`poll_action`](Self::poll_action).
+    pub fn take_client_output(&mut self, dst: &mut BytesMut) {
+        if dst.is_empty() {
+            std::mem::swap(dst, &mut self.client_out);
+        } else {
+            dst.extend_from_slice(&self.client_out);
+            self.client_out.clear();
+        }
+    }
+
+    /// True while the driver may read more from the client.
+    pub fn wants_client_input(&self) -> bool {
+        let unconfirmed = self.links.primary().map_or(0, |p| p.unconfirmed_bytes);
+        !matches!(self.client_state, ClientState::Closed | ClientState::Ending)
+            && self.backlog.bytes() + unconfirmed < self.cfg.max_backlog
+    }
+
+    /// How many other sessions of this process are moving off a lame-duck node now; the
+    /// driver tells, before upstream bytes, so that a migration spreads its dial over a
+    /// window that grows with them (see [`MIGRATION_DIAL_RATE`]).
+    pub fn set_peers_moving(&mut self, n: usize) {
+        self.peers_moving = n;
+    }
+
+    /// True while the session is moving off a lame-duck node.
+    pub fn is_migrating(&self) -> bool {
+        matches!(self.phase, Phase::Migrating(..))
+    }
+
+    /// True once the session has closed the client; the driver ends after flushing.
+    pub fn is_closed(&self) -> bool {
+        self.client_state == ClientState::Closed
+    }
+
+    /// The client's live subscriptions.
+    pub fn subscriptions(&self) -> &SubTable {
+        &self.subs
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> &SessionStats {
+        &self.stats
+    }
+
+    /// The name the client gave in its CONNECT, once it has.
+    pub fn client_name(&self) -> Option<&str> {
+        self.opts.name.as_deref()
+    }
+
+    /// The address of the current primary upstream, if any.
+    pub fn upstream_addr(&self) -> Option<&str> {
+        self.links.primary().map(|l| l.addr.as_str())
+    }
+
+    /// The next event for metrics.
+    pub fn poll_event(&mut self) -> Option<SessionEvent> {
+        self.events.pop_front()
+    }
+
+    fn event(&mut self, e: SessionEvent) {
+        if self.events.len() >= MAX_EVENTS {
+            self.events.pop_front();
+        }
+        self.events.push_back(e);
+    }
+
+    /// True when the client's traffic has a working upstream now.
+    pub fn has_upstream(&self) -> bool {
+        self.links.primary().is_some_and(Link::established)
+    }
+
+    /// Bytes waiting in the backlog and held back during an overlap.
+    pub fn buffered(&self) -> (usize, usize) {
+        (
+            self.backlog.bytes(),
+            self.overlap.dedup().map_or(0, Dedup::held_bytes),
+        )
+    }
+
+    fn stale_after(&self) -> Duration {
+        self.cfg.ping_interval * self.cfg.max_pings_out
+    }
+
+    /// Bytes read from the client: decodes and handles every complete op in `buf`.
+    pub fn handle_client_bytes(&mut self, buf: &mut BytesMut, now: Instant) {
+        self.now = now;
+        while !matches!(self.client_state, ClientState::Closed | ClientState::Ending) {
+            match self.client_dec.decode(buf) {
+                Ok(Some(op)) => self.handle_client_op(op, now),
+                Ok(None) => break,
+                Err(e) => {
+                    self.client_protocol_error(e);
+                    break;
+                }
+            }
+        }
+        self.confirm_publishes();
+    }
+
+    /// The client closed its connection (or it failed).
+    pub fn handle_client_closed(&mut self) {
+        self.close_client(CloseReason::ClientGone);
+    }
+
+    /// The proxy is shutting down: close the client and upstreams.
+    pub fn shutdown(&mut self) {
+        self.close_client(CloseReason::Shutdown);
+    }
+
+    /// The TCP connection of `epoch` is established.
+    pub fn handle_upstream_connected(&mut self, epoch: Epoch, now: Instant) {
+        self.now = now;
+        let interval = self.cfg.ping_interval;
+        if let Some(role) = self.role_of(epoch) {
+            if let Some(l) = self.link_mut(role) {
+                l.state = LinkState::AwaitInfo;
+                l.keepalive_at = now + interval;
+            }
+        }
+    }
+
+    /// Bytes read from the upstream of `epoch`.
+    pub fn handle_upstream_bytes(&mut self, epoch: Epoch, buf: &mut BytesMut, now: Instant) {
+        self.now = now;
+        // `buf[..run]`: frames already handled on the fast path, still to be copied to the
+        // client in one piece, before anything else is (order) and before returning.
+        let mut run = 0;
+        loop {
+            let Some(role) = self.role_of(epoch) else {
+                buf.clear();
+                return;
+            };
+            // Fast path: a plain MSG that goes to the client as it is. Everything it
+            // changes (counts, auto-unsubscribe, pull credit) is done here and now, in
+            // order; only its bytes wait for the end of the run.
+            let plain = self.client_state != ClientState::Closed && !self.overlap.covers(epoch);
+            let peeked = match self.link(role) {
+                Some(l) if plain => l.decoder.peek_msg(&buf[run..]),
+                _ => None,
+            }
+            .filter(|v| {
+                // A delivery of something the client acked goes the full path.
+                self.acks.is_empty()
+                    || !v
+                        .reply
+                        .is_some_and(|r| self.acks.is_acked_redelivery(&buf[run..][r.range()], now))
+            });
+            if let Some(v) = peeked {
+                let sid = &buf[run..][v.sid.range()];
+                if !self.pulls.is_empty() {
+                    let reply = v.reply.map(|r| &buf[run..][r.range()]);
+                    self.pulls.on_delivery(sid, reply, v.size(), now);
+                }
+                self.subs.delivered(sid);
+                self.stats.msgs_to_client += 1;
+                run += v.frame_len;
+                continue;
+            }
+            if run > 0 {
+                self.client_out.extend_from_slice(&buf[..run]);
+                bytes::Buf::advance(buf, run);
+                run = 0;
+            }
+            let Some(l) = self.link_mut(role) else { return };
+            match l.decoder.decode(buf) {
+                Ok(Some(op)) => self.on_upstream_op(epoch, role, op),
+                Ok(None) => return,
+                Err(e) => {
+                    warn!(%epoch, error = %e, "protocol violation from upstream");
+                    buf.clear();
+                    return self.link_lost(epoch, MoveReason::Protocol);
+                }
+            }
+        }
+    }
+
+    /// Handles one decoded upstream op.
+    pub fn handle_upstream_op(&mut self, epoch: Epoch, op: ServerOp, now: Instant) {
+        self.now = now;
+        if let Some(role) = self.role_of(epoch) {
+            self.on_upstream_op(epoch, role, op);
+        }
+    }
+
+    /// The dial of `epoch` was not made (the process's dial budget is spent). Not the
+    /// node's fault: the session dials again after its backoff.
+    pub fn handle_dial_refused(&mut self, epoch: Epoch, now: Instant) {
+        self.now = now;
+        if self.role_of(epoch) != Some(Role::Standby) {
+            return;
+        }
+        self.links.take(Role::Standby);
+        self.standby_gone();
+        self.schedule_dial();
+    }
+
+    /// The upstream connection of `epoch` closed or failed to connect.
+    pub fn handle_upstream_lost(&mut self, epoch: Epoch, now: Instant) {
+        self.now = now;
+        self.link_lost(epoch, MoveReason::Closed);
+    }
+}

@@ -1,17 +1,18 @@
 //! The session's phase and the overlap of a migration, with the transitions between
-//! phases (see the diagram in `facade.rs`).
+//! phases (see the diagram in the [`super`] module docs).
 
 use bytes::{Bytes, BytesMut};
 use std::time::{Duration, Instant};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
-use super::action::{Action, Epoch};
+use super::action::{Action, CloseReason, Epoch};
 use super::backlog::Pending;
 use super::config::MIGRATION_DIAL_RATE;
 use super::dedup::{self, Dedup};
-use super::facade::{Role, Session};
 use super::link::{Link, PingOwner};
+use super::links::Role;
 use super::stats::{MoveReason, SessionEvent};
+use super::{ClientState, Session};
 use crate::proto::{encode, Message};
 
 /// A move off a node: why, since when, from which address.
@@ -138,7 +139,7 @@ impl Session {
             Role::Primary => {}
             Role::Standby => {
                 // Never move onto a node that is leaving.
-                if let Some(s) = self.standby.take() {
+                if let Some(s) = self.links.take(Role::Standby) {
                     self.actions.push_back(Action::CloseUpstream(s.epoch));
                 }
                 self.standby_gone();
@@ -192,11 +193,11 @@ impl Session {
         if let Some(d) = self.overlap.dedup_mut() {
             d.start_recording();
         }
-        let Some(p) = self.primary.as_mut() else {
+        let Some(p) = self.links.primary_mut() else {
             return;
         };
         p.ping_sent(PingOwner::Switch, now);
-        self.unpinged = false;
+        self.backlog.pinged();
         let epoch = p.epoch;
         self.actions
             .push_back(Action::ToUpstream(epoch, Bytes::from_static(encode::PING)));
@@ -216,11 +217,10 @@ impl Session {
             unsub_sent: false,
         };
         let m = m.clone();
-        self.retiring = self.primary.take();
-        self.primary = self.standby.take();
+        self.links.switch();
         self.flush_backlog();
         self.stats.migrations += 1;
-        if let Some(p) = &self.primary {
+        if let Some(p) = self.links.primary() {
             let took = self.now.saturating_duration_since(m.started);
             self.stats.last_switch = Some(took);
             info!(reason = %m.reason, from = %m.from, to = %p.addr, switch_ms = took.as_millis() as u64,
@@ -246,7 +246,7 @@ impl Session {
         let Phase::Migrating(_, Step::Draining { unsub_sent, .. }) = &mut self.phase else {
             return;
         };
-        let Some(r) = self.retiring.as_mut() else {
+        let Some(r) = self.links.get_mut(Role::Retiring) else {
             return;
         };
         *unsub_sent = true;
@@ -264,7 +264,7 @@ impl Session {
 
     /// A's drain PONG: A delivers nothing more; close it.
     pub(super) fn retired(&mut self) {
-        if let Some(r) = self.retiring.take() {
+        if let Some(r) = self.links.take(Role::Retiring) {
             self.actions.push_back(Action::CloseUpstream(r.epoch));
         }
         self.finish_migration("migration complete; old upstream retired");
@@ -279,7 +279,7 @@ impl Session {
             info!(reason = %m.reason, from = %m.from, total_ms = took.as_millis() as u64, "{how}");
         }
         // The new node may itself have announced lame duck mode meanwhile.
-        if self.primary.as_ref().is_some_and(Link::is_leaving) {
+        if self.links.primary().is_some_and(Link::is_leaving) {
             self.on_ldm(Role::Primary);
         }
     }
@@ -303,10 +303,8 @@ impl Session {
             }
             self.flush_replies();
             // Publishes it never confirmed go out again first (acks are idempotent).
-            for (_, b) in dead.unconfirmed.into_iter().rev() {
-                self.backlog_bytes += b.len();
-                self.backlog.push_front(Pending::Data(b));
-            }
+            let again = dead.unconfirmed.into_iter().map(|(_, b)| Pending::Data(b));
+            self.backlog.requeue_front(again);
         } else {
             // The node refused our CONNECT, so it processed nothing written after it,
             // and the next may refuse it too: the client's PINGs go out again, in their
@@ -322,17 +320,13 @@ impl Session {
                 let at = again.partition_point(|(seq, _)| *seq <= p.mark);
                 again.insert(at, (p.mark, Pending::Ping));
             }
-            for (_, item) in again.into_iter().rev() {
-                if let Pending::Data(b) = &item {
-                    self.backlog_bytes += b.len();
-                }
-                self.backlog.push_front(item);
-            }
+            self.backlog
+                .requeue_front(again.into_iter().map(|(_, item)| item));
         }
         if self.overlap.covers(dead.epoch) {
             self.old_link_done();
         }
-        if let Some(r) = self.retiring.take() {
+        if let Some(r) = self.links.take(Role::Retiring) {
             self.actions.push_back(Action::CloseUpstream(r.epoch));
         }
         let from = match std::mem::replace(&mut self.phase, Phase::Steady) {
@@ -345,7 +339,7 @@ impl Session {
             },
         };
         self.phase = Phase::Outage { from, since: now };
-        match &self.standby {
+        match self.links.standby() {
             Some(s) if s.established() => self.promote_standby(),
             Some(_) => {}
             // A node that served us is gone: the next at once. One that never took our
@@ -355,12 +349,33 @@ impl Session {
         }
     }
 
+    /// The standby failed before it carried traffic. Starting, with no INFO to the
+    /// client yet: each node is tried once, then the client is closed (its own retry
+    /// takes over). Otherwise the next node after a backoff.
+    pub(super) fn standby_failed(&mut self, l: &Link, reason: MoveReason) {
+        self.pool.mark_failed(&l.addr, self.now);
+        let no_info = self.client_state == ClientState::NoInfo;
+        if let (Phase::Starting { failures }, true) = (&mut self.phase, no_info) {
+            *failures += 1;
+            if *failures >= self.pool.len() {
+                warn!(upstream = %l.addr, "no upstream reachable; closing client");
+                return self.close_client(CloseReason::UpstreamLost);
+            }
+            return self.start_dial();
+        }
+        debug!(upstream = %l.addr, %reason, "standby upstream failed");
+        self.standby_gone();
+        self.schedule_dial();
+    }
+
     /// The standby becomes the primary at once (start-up or failover: there is none).
     /// Starting or Outage ─► Steady.
     pub(super) fn promote_standby(&mut self) {
-        self.primary = self.standby.take();
+        self.links.promote();
         self.flush_backlog();
-        let Some(p) = &self.primary else { return };
+        let Some(p) = self.links.primary() else {
+            return;
+        };
         match std::mem::replace(&mut self.phase, Phase::Steady) {
             Phase::Outage { from: m, .. } => {
                 let took = self.now.saturating_duration_since(m.started);
@@ -422,7 +437,7 @@ impl Session {
     /// The standby is gone before the switch: the overlap's memory of the primary's
     /// deliveries is kept for the next standby, what the standby delivered is dropped.
     pub(super) fn standby_gone(&mut self) {
-        let primary = self.primary.as_ref().map(|p| p.epoch);
+        let primary = self.links.primary().map(|p| p.epoch);
         match (&mut self.overlap, primary) {
             (Overlap::Live(d), Some(p)) if d.is_overlap_from(p) => d.detach(),
             _ => self.end_overlap(),

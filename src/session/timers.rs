@@ -12,10 +12,11 @@ use std::time::Instant;
 use tracing::warn;
 
 use super::action::{Action, CloseReason};
-use super::facade::{ClientState, Role, Session};
 use super::link::PingOwner;
+use super::links::Role;
 use super::phase::Phase;
 use super::stats::MoveReason;
+use super::{ClientState, Session};
 use crate::proto::encode;
 
 /// A named deadline of the session.
@@ -70,8 +71,8 @@ impl Session {
                 let l = self.link(role)?;
                 l.established().then_some(l.keepalive_at)
             }
-            Timer::Dial => self.dial_at.filter(|_| self.standby.is_none()),
-            Timer::Confirm => self.confirm_at,
+            Timer::Dial => self.dial_at.filter(|_| self.links.standby().is_none()),
+            Timer::Confirm => self.backlog.confirm_at(),
             Timer::Drain => self.drain_due(),
             // Placements wait for a working upstream (see `reissue_due_pulls`); statuses
             // made for the client do not.
@@ -107,7 +108,10 @@ impl Session {
                 }
             }
             Timer::Dial => self.start_dial(),
-            Timer::Confirm => self.confirm_publishes_at(true),
+            Timer::Confirm => {
+                let primary = self.links.primary_mut();
+                self.backlog.confirm_now(primary, now, &mut self.actions);
+            }
             Timer::Drain => self.maybe_drain(),
             Timer::Pulls => self.reissue_due_pulls(),
             Timer::Linger => self.end_overlap(),

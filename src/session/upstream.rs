@@ -7,43 +7,27 @@ use tracing::{debug, info, warn};
 use super::action::{Action, CloseReason, Epoch};
 use super::backlog::Pending;
 use super::dedup;
-use super::facade::{ClientState, Role, Session};
 use super::jetstream::PullAction;
 use super::link::{Link, LinkState, PingOwner};
+use super::links::Role;
 use super::phase::Phase;
 use super::stats::{MoveReason, SessionEvent};
+use super::{ClientState, Session};
+use crate::auth;
 use crate::proto::json::ServerInfo;
 use crate::proto::{encode, Limits, Message, ServerErr, ServerOp, MAX_CONTROL_LINE};
 
 impl Session {
     pub(super) fn link(&self, role: Role) -> Option<&Link> {
-        match role {
-            Role::Primary => self.primary.as_ref(),
-            Role::Standby => self.standby.as_ref(),
-            Role::Retiring => self.retiring.as_ref(),
-        }
+        self.links.get(role)
     }
 
     pub(super) fn link_mut(&mut self, role: Role) -> Option<&mut Link> {
-        match role {
-            Role::Primary => self.primary.as_mut(),
-            Role::Standby => self.standby.as_mut(),
-            Role::Retiring => self.retiring.as_mut(),
-        }
+        self.links.get_mut(role)
     }
 
     pub(super) fn role_of(&self, epoch: Epoch) -> Option<Role> {
-        [Role::Primary, Role::Standby, Role::Retiring]
-            .into_iter()
-            .find(|&r| self.link(r).is_some_and(|l| l.epoch == epoch))
-    }
-
-    pub(super) fn take_link(&mut self, role: Role) -> Option<Link> {
-        match role {
-            Role::Primary => self.primary.take(),
-            Role::Standby => self.standby.take(),
-            Role::Retiring => self.retiring.take(),
-        }
+        self.links.role_of(epoch)
     }
 
     /// Dials the next node as the standby link.
@@ -54,7 +38,7 @@ impl Session {
         }
         let exclude = match &self.phase {
             Phase::Migrating(m, _) | Phase::Outage { from: m, .. } => Some(m.from.clone()),
-            _ => self.primary.as_ref().map(|l| l.addr.clone()),
+            _ => self.links.primary().map(|l| l.addr.clone()),
         };
         if let Some(at) = self.dial_window.admit(self.now) {
             debug!(?at, "dialled too often this second; the next dial waits");
@@ -64,10 +48,8 @@ impl Session {
         let Some(addr) = self.pool.pick(exclude.as_deref(), self.now) else {
             return;
         };
-        self.next_epoch += 1;
-        let epoch = Epoch(self.next_epoch);
+        let epoch = self.links.new_standby(addr.clone(), self.now);
         debug!(%epoch, upstream = %addr, "dialing");
-        self.standby = Some(Link::new(epoch, addr.clone(), self.now));
         self.actions.push_back(Action::Dial { epoch, addr });
     }
 
@@ -146,7 +128,7 @@ impl Session {
         self.refusals += 1;
         let everywhere = ServerErr::classify(text) == ServerErr::Authorization
             || self.refusals >= self.pool.len();
-        if !everywhere || self.primary.as_ref().is_some_and(Link::is_accepted) {
+        if !everywhere || self.links.primary().is_some_and(Link::is_accepted) {
             return false;
         }
         warn!(refusals = self.refusals, err = %String::from_utf8_lossy(text),
@@ -172,7 +154,7 @@ impl Session {
                 // never move onto it. The pool now knows the name; try the next one.
                 info!(%epoch, upstream = %addr, server_id = %info.server_id,
                     "dialled the node that is leaving under another address; dialling another");
-                if let Some(s) = self.standby.take() {
+                if let Some(s) = self.links.take(Role::Standby) {
                     self.actions.push_back(Action::CloseUpstream(s.epoch));
                 }
                 self.standby_gone();
@@ -248,7 +230,7 @@ impl Session {
         if self.opts.protocol < 1 {
             return None;
         }
-        let info = self.primary.as_ref()?.connect_info.as_ref()?;
+        let info = self.links.primary()?.connect_info.as_ref()?;
         let (mp, auth) = self.client_info_terms(info);
         Some(encode::info(&info.client_connect_info_json(mp, auth)))
     }
@@ -259,12 +241,13 @@ impl Session {
             .link(role)
             .and_then(|l| l.info.as_ref())
             .and_then(|i| i.nonce.clone());
-        let json = match self.opts.upstream_connect_json(
+        let auth = auth::connect_auth(
             self.cfg.credentials.as_ref(),
+            &self.opts,
             nonce.as_deref(),
             self.cfg.proxy_key.as_ref(),
-            MAX_CONTROL_LINE,
-        ) {
+        );
+        let json = match self.opts.upstream_connect_json(&auth, MAX_CONTROL_LINE) {
             Ok(json) => json,
             Err(e) => {
                 // Every node would refuse it the same way: say what nats-server says.
@@ -299,7 +282,7 @@ impl Session {
             .push_back(Action::ToUpstream(epoch, out.freeze()));
         self.stats.subs_replayed += n_subs;
         if role == Role::Standby {
-            match &self.primary {
+            match self.links.primary() {
                 // Make-before-break: both links deliver from now on.
                 Some(p) => self.attach_overlap(p.epoch, epoch),
                 None => self.promote_standby(),
@@ -327,7 +310,7 @@ impl Session {
                 }
             }
             PingOwner::Replay => {
-                if role == Role::Standby && self.primary.is_some() {
+                if role == Role::Standby && self.links.primary().is_some() {
                     self.begin_switch();
                 }
             }
@@ -358,7 +341,7 @@ impl Session {
         let Some(role) = self.role_of(epoch) else {
             return;
         };
-        let Some(l) = self.take_link(role) else {
+        let Some(l) = self.links.take(role) else {
             return;
         };
         self.actions.push_back(Action::CloseUpstream(epoch));
@@ -367,24 +350,8 @@ impl Session {
                 return;
             }
         }
-        let now = self.now;
         match role {
-            Role::Standby => {
-                self.pool.mark_failed(&l.addr, now);
-                let no_info = self.client_state == ClientState::NoInfo;
-                if let (Phase::Starting { failures }, true) = (&mut self.phase, no_info) {
-                    // Start-up: try each node once, then give up (the client retries).
-                    *failures += 1;
-                    if *failures >= self.pool.len() {
-                        warn!(upstream = %l.addr, "no upstream reachable; closing client");
-                        return self.close_client(CloseReason::UpstreamLost);
-                    }
-                    return self.start_dial();
-                }
-                debug!(upstream = %l.addr, %reason, "standby upstream failed");
-                self.standby_gone();
-                self.schedule_dial();
-            }
+            Role::Standby => self.standby_failed(&l, reason),
             // Lame duck closed it (or it died) before or during the drain.
             Role::Retiring => self.finish_migration("migration complete; old upstream closed"),
             Role::Primary => self.failover(l, reason),

@@ -66,7 +66,9 @@ fn a_connect_the_server_takes_is_rewritten_within_its_control_line() {
 fn what_the_proxy_adds_to_a_connect_is_bounded() {
     // The worst case: a client that sent nothing the proxy can copy.
     let o = crate::proto::json::ClientOptions::default();
-    let json = o.upstream_connect_json(None, None, None, 4096).unwrap();
+    let json = o
+        .upstream_connect_json(&crate::auth::connect_auth(None, &o, None, None), 4096)
+        .unwrap();
     assert_eq!(
         json.len() - b"{}".len(),
         crate::proto::json::CONNECT_OVERHEAD,

@@ -79,9 +79,9 @@ fn confirmation_pings_wait_for_a_delay_or_enough_bytes() {
     h.now = t0 + CONFIRM_DELAY;
     h.s.handle_timeout(h.now);
     assert_eq!(to_upstream(&h.actions()), b"PING\r\n");
-    assert_eq!(h.s.primary.as_ref().unwrap().unconfirmed.len(), 4);
+    assert_eq!(h.s.links.primary().unwrap().unconfirmed.len(), 4);
     h.upstream(1, b"PONG\r\n");
-    assert_eq!(h.s.primary.as_ref().unwrap().unconfirmed_bytes, 0);
+    assert_eq!(h.s.links.primary().unwrap().unconfirmed_bytes, 0);
     // CONFIRM_BYTES of publishes in one read: the PING goes with them.
     let mut pubs = Vec::new();
     while pubs.len() < CONFIRM_BYTES {

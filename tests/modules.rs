@@ -1,0 +1,223 @@
+//! The module graph of `src/`: no two sibling modules import each other in a circle,
+//! and the codec (`proto`) never names what sits above it (credentials, sessions, the
+//! shell). Read from the sources' top-level `use` lines (test modules, indented, are left
+//! out), so it fails as soon as a cycle is written.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            if p.file_name().unwrap() != "tests" {
+                rust_files(&p, out);
+            }
+        } else if p.extension().is_some_and(|x| x == "rs") && p.file_name().unwrap() != "tests.rs" {
+            out.push(p);
+        }
+    }
+}
+
+/// `src/session/phase.rs` → `["session", "phase"]`; `src/session/mod.rs` → `["session"]`.
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut parts: Vec<String> = rel.iter().map(|c| c.to_string_lossy().into()).collect();
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
+        parts.pop();
+    }
+    parts
+}
+
+/// `a::{b::c, d}` → `a::b::c`, `a::d` (nested groups too).
+fn expand(tree: &str) -> Vec<String> {
+    let tree = tree.trim();
+    let Some(open) = tree.find('{') else {
+        return vec![tree.to_owned()];
+    };
+    let (prefix, inner) = (&tree[..open], &tree[open + 1..tree.len() - 1]);
+    let mut out = Vec::new();
+    let (mut depth, mut from) = (0, 0);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.extend(
+                    expand(&inner[from..i])
+                        .into_iter()
+                        .map(|t| format!("{prefix}{t}")),
+                );
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.extend(
+        expand(&inner[from..])
+            .into_iter()
+            .map(|t| format!("{prefix}{t}")),
+    );
+    out.retain(|t| !t.ends_with("::"));
+    out
+}
+
+/// The modules a file's top-level `use` items name, as absolute paths.
+fn imports(module: &[String], text: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        let Some(mut item) = ["use ", "pub use ", "pub(crate) use ", "pub(super) use "]
+            .iter()
+            .find_map(|p| line.strip_prefix(p))
+            .map(str::to_owned)
+        else {
+            continue;
+        };
+        while !item.trim_end().ends_with(';') {
+            match lines.next() {
+                Some(l) => item.push_str(l.trim()),
+                None => break,
+            }
+        }
+        let item = item
+            .trim_end()
+            .trim_end_matches(';')
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        for path in expand(&item) {
+            let path = path.split(" as ").next().unwrap_or(&path).replace(' ', "");
+            let parts: Vec<&str> = path
+                .split("::")
+                .filter(|s| *s != "*" && *s != "self")
+                .collect();
+            let mut abs: Vec<String> = match parts.first() {
+                Some(&"crate") => vec![],
+                Some(&"super") => module[..module.len().saturating_sub(1)].to_vec(),
+                _ => continue, // another crate
+            };
+            let mut rest = &parts[1..];
+            while rest.first() == Some(&"super") {
+                abs.pop();
+                rest = &rest[1..];
+            }
+            abs.extend(rest.iter().map(|s| s.to_string()));
+            out.push(abs);
+        }
+    }
+    out
+}
+
+struct Graph {
+    /// Module → the modules it imports from.
+    edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+}
+
+fn graph() -> Graph {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_of(&src, f)).collect();
+    let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for f in &files {
+        let m = module_of(&src, f);
+        let text = std::fs::read_to_string(f).unwrap();
+        for mut target in imports(&m, &text) {
+            // The longest prefix that is a module (the rest names items).
+            while !target.is_empty() && !modules.contains(&target) {
+                target.pop();
+            }
+            if target != m {
+                edges.entry(m.clone()).or_default().insert(target);
+            }
+        }
+    }
+    Graph { edges }
+}
+
+/// Edges between siblings: `a::x::y` importing `a::z::w` is `x → z` under `a`. An
+/// import of an ancestor (a child using its parent's items) is no edge.
+fn sibling_edges(g: &Graph) -> BTreeMap<Vec<String>, BTreeSet<(String, String)>> {
+    let mut out: BTreeMap<Vec<String>, BTreeSet<(String, String)>> = BTreeMap::new();
+    for (from, tos) in &g.edges {
+        for to in tos {
+            let common = from.iter().zip(to).take_while(|(a, b)| a == b).count();
+            if common == from.len() || common == to.len() {
+                continue;
+            }
+            out.entry(from[..common].to_vec())
+                .or_default()
+                .insert((from[common].clone(), to[common].clone()));
+        }
+    }
+    out
+}
+
+fn find_cycle(edges: &BTreeSet<(String, String)>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        edges: &BTreeSet<(String, String)>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|p| p == n) {
+            let mut c = path[at..].to_vec();
+            c.push(n.to_owned());
+            return Some(c);
+        }
+        if done.contains(n) {
+            return None;
+        }
+        path.push(n.to_owned());
+        for (_, to) in edges.iter().filter(|(f, _)| f == n) {
+            if let Some(c) = visit(to, edges, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(n.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for (from, _) in edges {
+        if let Some(c) = visit(from, edges, &mut Vec::new(), &mut done) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+#[test]
+fn no_two_sibling_modules_import_each_other_in_a_circle() {
+    let g = graph();
+    let mut cycles = Vec::new();
+    for (parent, edges) in sibling_edges(&g) {
+        if std::env::var_os("MODULES_PRINT").is_some() {
+            eprintln!("crate::{}: {edges:?}", parent.join("::"));
+        }
+        if let Some(c) = find_cycle(&edges) {
+            cycles.push(format!("crate::{}: {}", parent.join("::"), c.join(" → ")));
+        }
+    }
+    assert!(cycles.is_empty(), "import cycles:\n{}", cycles.join("\n"));
+}
+
+#[test]
+fn the_codec_names_nothing_above_it() {
+    let g = graph();
+    let bad: Vec<String> = g
+        .edges
+        .iter()
+        .filter(|(from, _)| from.first().is_some_and(|m| m == "proto"))
+        .flat_map(|(from, tos)| {
+            tos.iter()
+                .filter(|to| to.first().is_some_and(|m| m != "proto"))
+                .map(move |to| format!("{} uses {}", from.join("::"), to.join("::")))
+        })
+        .collect();
+    assert!(bad.is_empty(), "proto depends on:\n{}", bad.join("\n"));
+}
