@@ -669,3 +669,81 @@ async fn metrics_move_and_readiness_holds_through_a_migration() {
     assert_eq!(bad, 0, "readiness flapped");
     assert!(ok > 10);
 }
+
+/// A subscription idle through a migration loses nothing when the new node's interest
+/// reaches the publisher's node late: the route between them (n2 and the publisher's
+/// node) delays every byte by [`ROUTE_DELAY`], well past the settle delay. The proxy
+/// moves from n1 to n2 with nothing published; only after its settle delay has passed
+/// (the moment the old link would have dropped the subscription without proof) does the
+/// publisher start. Every message must arrive, once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_subscription_loses_nothing_when_the_new_nodes_interest_comes_late() {
+    const ROUTE_DELAY: Duration = Duration::from_millis(600);
+    const N: u64 = 150;
+    init_logs();
+    let slow = common::slow_route::SlowRoute::between("n2", "pub");
+    let cluster = Cluster::start(ClusterOpts {
+        nodes: 2,
+        publisher_node: true,
+        slow_route: Some(slow.clone()),
+        ..Default::default()
+    })
+    .await;
+    let slowed: u64 = cluster
+        .forwarders
+        .iter()
+        .map(|f| f.slowed.load(Ordering::Relaxed))
+        .sum();
+    assert!(slowed > 0, "the n2-pub route passes a slowing forwarder");
+    // The proxy knows n1 only; n2 comes from the cluster's connect_urls.
+    let proxy = TestProxy::start(&[cluster.nodes[0].url()]).await;
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let c = client(&proxy.url(), "idle-sub", events.clone()).await;
+    let mut sub = c.subscribe("idle.v").await.unwrap();
+    c.flush().await.unwrap();
+    let publisher = async_nats::connect(cluster.publisher.as_ref().unwrap().url())
+        .await
+        .unwrap();
+    wait_flowing(&publisher, "idle.v", &mut sub).await;
+    slow.set_delay(ROUTE_DELAY);
+    cluster.lame_duck(0);
+    within(Duration::from_secs(10), "the switch to n2", async {
+        while proxy.stats.migrations.get() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    // Past the settle delay, and before n2's interest can have reached the publisher.
+    let settle = natsproxy::session::DEFAULT_SETTLE;
+    tokio::time::sleep(settle + Duration::from_millis(100)).await;
+    assert!(
+        settle + Duration::from_millis(200) < ROUTE_DELAY,
+        "the window is there"
+    );
+    let seq = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_at = Arc::new(AtomicU64::new(u64::MAX));
+    let receiver = spawn_receiver(sub, stop_at.clone());
+    let pubs = spawn_publisher(publisher, &["idle.v"], 100, seq.clone(), stop.clone());
+    within(Duration::from_secs(10), "publishing", async {
+        while seq.load(Ordering::Relaxed) < N {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    pubs.await.unwrap();
+    let published = seq.load(Ordering::Relaxed);
+    stop_at.store(published, Ordering::Relaxed);
+    let r = within(Duration::from_secs(30), "receiver", receiver)
+        .await
+        .unwrap();
+    check_exactly_once_in_order("idle subscription", &r.seqs, published);
+    assert!(
+        events.lock().unwrap().is_empty(),
+        "{:?}",
+        events.lock().unwrap()
+    );
+    assert_eq!(proxy.stats.failovers.get(), 0);
+    proxy.stop().await;
+}

@@ -55,6 +55,8 @@ impl Session {
                     self.pulls.unsubscribed(&sid);
                 }
                 self.send_sub_op(raw, true);
+                // It may have been the last one the retiring link kept.
+                self.maybe_drain();
                 self.reply_ok();
             }
             ClientOp::Ping => self.on_client_ping(),
@@ -320,14 +322,8 @@ impl Session {
     /// not yet replayed gets the table's state in its replay instead.
     pub(super) fn send_sub_op(&mut self, raw: Bytes, is_unsub: bool) {
         let drain_sent = matches!(
-            self.phase,
-            Phase::Migrating(
-                _,
-                Step::Draining {
-                    unsub_sent: true,
-                    ..
-                }
-            )
+            &self.phase,
+            Phase::Migrating(_, Step::Draining { drain, .. }) if drain.last_sent
         );
         for role in [Role::Primary, Role::Standby, Role::Retiring] {
             let Some(l) = self.link(role) else { continue };

@@ -29,9 +29,12 @@
 //!      traffic waits in the backlog
 //!    ─ A's PONG (all earlier publishes processed) ─► Draining: A retiring, B primary,
 //!      backlog flushed to B
-//!    ─ the settle delay after B's replay PONG, and B's proof of overlap on every live
-//!      plain subscription (at most PROOF_WAIT more) ─► UNSUB every sid on A + PING
-//!    ─ A's PONG, or A closed by its server ─► finish_migration: Steady; Overlap::Lingering
+//!    ─ the settle delay after B's replay PONG ─► UNSUB on A, with a PING, every sid B has
+//!      proved (a copy of something A delivered) or that can prove nothing (queue group,
+//!      pull inbox); the others are kept on A (Drain), each leaving at its proof; that
+//!      PONG ends A's side of those sids (B's held copies go out)
+//!    ─ the PONG after the last UNSUBs, A closed by its server, or B's own lame duck
+//!      (everything leaves A at once) ─► finish_migration: Steady; Overlap::Lingering
 //!      matches B's late copies for one settle delay (then Overlap::None)
 //!
 //!  Steady or Migrating ─ primary lost (closed, reset, garbage, or stale: a PING

@@ -2,13 +2,14 @@
 //! phases (see the diagram in the [`super`] module docs).
 
 use bytes::{Bytes, BytesMut};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 use super::action::{Action, CloseReason, Epoch};
 use super::backlog::Pending;
 use super::config::MIGRATION_DIAL_RATE;
-use super::dedup::{self, Dedup};
+use super::dedup::Dedup;
 use super::link::{Link, PingOwner};
 use super::links::Role;
 use super::stats::{MoveReason, SessionEvent};
@@ -39,7 +40,7 @@ pub(super) enum Phase {
 }
 
 /// The step of a migration from A (primary, leaving) to B (standby, then primary).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Step {
     /// B is being dialled and brought up.
     Preparing,
@@ -47,7 +48,26 @@ pub(super) enum Step {
     /// A's UNSUBs are due at `drain_at` (the settle delay after B's replay PONG).
     Switching { drain_at: Instant },
     /// Client traffic is on B; A is retiring, delivering until the PONG after its UNSUBs.
-    Draining { drain_at: Instant, unsub_sent: bool },
+    Draining { drain_at: Instant, drain: Drain },
+}
+
+/// A's subscriptions while it retires. From the settle delay on, a subscription leaves A
+/// once B has proved its interest on it (a copy of something A delivered: B's interest
+/// reached that publisher's node), or at once if it can prove nothing (a queue group
+/// gets each message on one member, a pull inbox each on one request). The others,
+/// also those idle through the switch, are `kept` on A until their proof comes, A's
+/// server closes A, or B itself announces lame duck mode.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Drain {
+    /// The settle delay has passed: UNSUBs have started.
+    pub(super) started: bool,
+    /// Sids still subscribed on A, waiting for their proof.
+    pub(super) kept: Vec<Bytes>,
+    /// Sids UNSUBbed on A in batches, each waiting for the PONG of the PING after it;
+    /// at that PONG A delivers nothing more on them.
+    pub(super) batches: VecDeque<Vec<Bytes>>,
+    /// The last UNSUBs and their PING are out: at that PONG A is retired.
+    pub(super) last_sent: bool,
 }
 
 /// The copies of one migration's overlap, reconciled by the de-dup memory.
@@ -57,8 +77,20 @@ pub(super) enum Overlap {
     /// A's deliveries remembered from its lame duck on, B's held back once attached.
     Live(Dedup<Message>),
     /// A delivers nothing more; B's late copies are still matched until the instant.
-    Lingering(Dedup<Message>, Instant),
+    Lingering(Dedup<Message>, Linger),
 }
+
+/// How long B's late copies are still matched once A delivers nothing more: a settle
+/// delay, longer while B has not caught up with A's last deliveries (B's route may be
+/// slower than A's: `tests/migration.rs` delays it 600 ms), at most [`LINGER_MAX`].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Linger {
+    since: Instant,
+    until: Instant,
+}
+
+/// Longest B's late copies are matched after A ended.
+pub const LINGER_MAX: Duration = Duration::from_secs(5);
 
 impl Overlap {
     pub(super) fn dedup(&self) -> Option<&Dedup<Message>> {
@@ -81,7 +113,7 @@ impl Overlap {
 
     pub(super) fn linger_until(&self) -> Option<Instant> {
         match self {
-            Overlap::Lingering(_, t) => Some(*t),
+            Overlap::Lingering(_, l) => Some(l.until),
             _ => None,
         }
     }
@@ -135,8 +167,9 @@ impl Session {
                     self.dial_at = Some(now + spread);
                 }
             }
-            // Already moving; a new migration starts when this one ends.
-            Role::Primary => {}
+            // Already moving; a new migration starts when this one ends: A keeps nothing
+            // more waiting for proof.
+            Role::Primary => self.drain_old_link(true),
             Role::Standby => {
                 // Never move onto a node that is leaving.
                 if let Some(s) = self.links.take(Role::Standby) {
@@ -149,35 +182,23 @@ impl Session {
         }
     }
 
-    /// When A's UNSUBs are due (Draining, not sent yet): the settle delay after B's replay
-    /// PONG, and then once B has proved its interest on every live subscription (a copy of
-    /// something A delivered; see `dedup`), or [`dedup::PROOF_WAIT`] later at most.
+    /// When A's first UNSUBs are due (Draining, not started): the settle delay after
+    /// B's replay PONG. Later ones follow their proofs (see [`Drain`]).
     pub(super) fn drain_due(&self) -> Option<Instant> {
-        let Phase::Migrating(
-            _,
-            Step::Draining {
-                drain_at,
-                unsub_sent: false,
-            },
-        ) = self.phase
-        else {
-            return None;
-        };
-        if self.unproven() == 0 {
-            Some(drain_at)
-        } else {
-            Some(drain_at + dedup::PROOF_WAIT)
+        match &self.phase {
+            Phase::Migrating(_, Step::Draining { drain_at, drain }) if !drain.started => {
+                Some(*drain_at)
+            }
+            _ => None,
         }
     }
 
-    /// Live subscriptions B has not proved yet. Queue groups and pull inboxes cannot
-    /// prove anything with copies (each message goes to one member, one request).
-    fn unproven(&self) -> usize {
-        self.overlap.dedup().map_or(0, |d| {
-            d.unproven(|sid| {
-                self.subs.get(sid).is_some_and(|s| s.queue.is_none()) && !self.pulls.tracks(sid)
-            })
-        })
+    /// Whether `sid` may leave A now: B proved its interest on it, or it can prove
+    /// nothing (queue groups, pull inboxes).
+    fn may_leave_old_link(&self, sid: &[u8]) -> bool {
+        let provable =
+            self.subs.get(sid).is_some_and(|s| s.queue.is_none()) && !self.pulls.tracks(sid);
+        !provable || self.overlap.dedup().is_some_and(|d| d.proven(sid))
     }
 
     /// Migrating(Preparing) ─ B's replay PONG (its subscriptions are registered) ─►
@@ -214,7 +235,7 @@ impl Session {
         };
         *step = Step::Draining {
             drain_at,
-            unsub_sent: false,
+            drain: Drain::default(),
         };
         let m = m.clone();
         self.links.switch();
@@ -231,28 +252,58 @@ impl Session {
         self.maybe_drain();
     }
 
-    /// After the settle delay, remove every subscription from the retiring link.
+    /// From the settle delay on, UNSUB on the retiring link every subscription that may
+    /// leave it (see [`Drain`]), in a batch with a PING; the last batch retires A.
+    /// `force`: every subscription leaves now (B announced lame duck mode: this
+    /// migration must end for the next one to start).
     pub(super) fn maybe_drain(&mut self) {
+        self.drain_old_link(false);
+    }
+
+    pub(super) fn drain_old_link(&mut self, force: bool) {
         let now = self.now;
-        let Some(due) = self.drain_due() else { return };
-        if due > now {
-            return;
-        }
-        let unproven = self.unproven();
-        if unproven > 0 {
-            warn!(unproven, wait_ms = dedup::PROOF_WAIT.as_millis() as u64,
-                "the new upstream delivered no copy yet on live subscriptions; retiring the old one anyway");
-        }
-        let Phase::Migrating(_, Step::Draining { unsub_sent, .. }) = &mut self.phase else {
+        let Phase::Migrating(_, Step::Draining { drain_at, drain }) = &self.phase else {
             return;
         };
+        if drain.last_sent || (*drain_at > now && !force) {
+            return;
+        }
+        let candidates: Vec<Bytes> = if drain.started {
+            drain.kept.clone()
+        } else {
+            self.subs.sids().cloned().collect()
+        };
+        let (leave, kept): (Vec<Bytes>, Vec<Bytes>) = candidates
+            .into_iter()
+            // A sid the client unsubscribed meanwhile left A with the client's UNSUB.
+            .filter(|sid| self.subs.get(sid).is_some())
+            .partition(|sid| force || self.may_leave_old_link(sid));
+        let Phase::Migrating(_, Step::Draining { drain, .. }) = &mut self.phase else {
+            return;
+        };
+        let first = !drain.started;
+        drain.started = true;
+        if first && !kept.is_empty() {
+            debug!(
+                kept = kept.len(),
+                "the old upstream keeps the subscriptions the new one has not proved yet"
+            );
+        }
+        if leave.is_empty() && !kept.is_empty() {
+            drain.kept = kept;
+            return;
+        }
+        let last = kept.is_empty();
+        drain.kept = kept;
+        drain.last_sent = last;
+        if !last {
+            drain.batches.push_back(leave.clone());
+        }
         let Some(r) = self.links.get_mut(Role::Retiring) else {
             return;
         };
-        *unsub_sent = true;
-        let sids: Vec<Bytes> = self.subs.sids().cloned().collect();
         let mut out = BytesMut::new();
-        for sid in &sids {
+        for sid in &leave {
             out.extend_from_slice(&encode::unsub(sid, None));
         }
         out.extend_from_slice(encode::PING);
@@ -260,6 +311,23 @@ impl Session {
         let epoch = r.epoch;
         self.actions
             .push_back(Action::ToUpstream(epoch, out.freeze()));
+    }
+
+    /// The PONG after a batch of A's UNSUBs: A delivers nothing more on them (what B
+    /// held back on them is released); after the last batch, A is retired.
+    pub(super) fn drained(&mut self) {
+        let batch = match &mut self.phase {
+            Phase::Migrating(_, Step::Draining { drain, .. }) => drain.batches.pop_front(),
+            _ => None,
+        };
+        let Some(sids) = batch else {
+            return self.retired();
+        };
+        if let Some(d) = self.overlap.dedup_mut() {
+            let t = d.old_finished_on(&sids);
+            self.stats.count_overlap(t);
+        }
+        self.forward_ready();
     }
 
     /// A's drain PONG: A delivers nothing more; close it.
@@ -399,12 +467,15 @@ impl Session {
     /// The old side of an overlap can deliver nothing more: release what the new side
     /// held back.
     pub(super) fn old_link_done(&mut self) {
-        let until = self.now + self.cfg.settle;
+        let linger = Linger {
+            since: self.now,
+            until: self.now + self.cfg.settle,
+        };
         self.overlap = match std::mem::replace(&mut self.overlap, Overlap::None) {
             Overlap::Live(mut d) | Overlap::Lingering(mut d, _) => {
                 let t = d.old_finished();
                 self.stats.count_overlap(t);
-                Overlap::Lingering(d, until)
+                Overlap::Lingering(d, linger)
             }
             Overlap::None => Overlap::None,
         };
@@ -447,5 +518,18 @@ impl Session {
     /// The overlap ends (what it decided was counted as it decided).
     pub(super) fn end_overlap(&mut self) {
         self.overlap = Overlap::None;
+    }
+
+    /// The linger time is up: the overlap ends, unless B still owes copies of A's last
+    /// deliveries (then a settle delay more, up to [`LINGER_MAX`] in all).
+    pub(super) fn linger_due(&mut self) {
+        let (now, settle) = (self.now, self.cfg.settle);
+        if let Overlap::Lingering(d, l) = &mut self.overlap {
+            if !d.new_link_caught_up() && now < l.since + LINGER_MAX {
+                l.until = (now + settle).min(l.since + LINGER_MAX);
+                return;
+            }
+        }
+        self.end_overlap();
     }
 }

@@ -114,7 +114,7 @@ impl Session {
             }
             Timer::Drain => self.maybe_drain(),
             Timer::Pulls => self.reissue_due_pulls(),
-            Timer::Linger => self.end_overlap(),
+            Timer::Linger => self.linger_due(),
             Timer::Outage => {
                 let secs = self.cfg.max_outage.as_secs();
                 warn!(secs, "no upstream reachable; closing client");

@@ -315,7 +315,7 @@ impl Session {
                 }
             }
             PingOwner::Switch => self.complete_switch(),
-            PingOwner::Drain => self.retired(),
+            PingOwner::Drain => self.drained(),
             PingOwner::Keepalive => {
                 let rtt = now.saturating_duration_since(entry.sent_at);
                 self.event(SessionEvent::Rtt(rtt));

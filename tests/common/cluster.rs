@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::slow_route::{RouteForwarder, SlowRoute};
 use super::{free_port, server_bin, within, TempDir};
 
 /// One cluster node.
@@ -75,6 +76,8 @@ pub struct ClusterOpts {
     /// before a lame-duck node starts closing its clients; nats-server's own default is
     /// 10 s.
     pub lame_duck_grace: Option<Duration>,
+    /// One route made slow on purpose (see [`super::slow_route`]).
+    pub slow_route: Option<SlowRoute>,
 }
 
 /// One cluster at a time per test binary: clusters are heavy for 2 cores, and free-port
@@ -86,6 +89,8 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
     /// The publisher node, if any (index `nodes.len()` is not used for it).
     pub publisher: Option<Node>,
+    /// Each node's route forwarder, when a route is slow.
+    pub forwarders: Vec<RouteForwarder>,
     _dir: TempDir,
 }
 
@@ -96,18 +101,34 @@ impl Cluster {
         let n = opts.nodes;
         let total = n + usize::from(opts.publisher_node);
         let cports: Vec<u16> = (0..total).map(|_| free_port()).collect();
-        let routes: Vec<String> = cports
+        let name_of = |i: usize| {
+            if i == n {
+                "pub".to_string()
+            } else {
+                format!("n{}", i + 1)
+            }
+        };
+        // With a slow route every node is reached through its forwarder, also by the
+        // routes the nodes learn from each other (the advertised address).
+        let mut forwarders = Vec::new();
+        if let Some(slow) = &opts.slow_route {
+            for (i, &p) in cports.iter().enumerate() {
+                forwarders.push(RouteForwarder::start(name_of(i), p, slow.clone()).await);
+            }
+        }
+        let reach: Vec<u16> = if forwarders.is_empty() {
+            cports.clone()
+        } else {
+            forwarders.iter().map(|f| f.port).collect()
+        };
+        let routes: Vec<String> = reach
             .iter()
             .map(|p| format!("nats-route://127.0.0.1:{p}"))
             .collect();
         let mut all = Vec::new();
         for (i, &cport) in cports.iter().enumerate() {
             let is_pub = i == n;
-            let name = if is_pub {
-                "pub".to_string()
-            } else {
-                format!("n{}", i + 1)
-            };
+            let name = name_of(i);
             let port = free_port();
             let http = free_port();
             let mut conf = format!(
@@ -127,8 +148,13 @@ impl Cluster {
                 );
                 conf += &format!("server_tags: [\"node:{name}\"]\n");
             }
+            let advertise = if forwarders.is_empty() {
+                String::new()
+            } else {
+                format!("  advertise: \"127.0.0.1:{}\"\n", reach[i])
+            };
             conf += &format!(
-                "cluster {{\n  name: c1\n  listen: \"127.0.0.1:{}\"\n  routes: [{}]\n{}}}\n",
+                "cluster {{\n  name: c1\n  listen: \"127.0.0.1:{}\"\n{advertise}  routes: [{}]\n{}}}\n",
                 cport,
                 routes.join(", "),
                 if is_pub || opts.no_advertise {
@@ -156,6 +182,7 @@ impl Cluster {
             _turn: turn,
             nodes: all,
             publisher,
+            forwarders,
             _dir: dir,
         };
         for i in 0..c.nodes.len() {

@@ -6,6 +6,7 @@ pub mod balancer;
 pub mod cluster;
 pub mod raw;
 pub mod roll;
+pub mod slow_route;
 
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener};

@@ -32,15 +32,20 @@
 //! B's later identical messages are dropped (seen: 10 of 30,180 at 10k msg/s, all with
 //! the same payload). Content alone cannot tell them apart.
 //!
-//! Proof of overlap: the old link's UNSUBs wait, after the settle delay, until the new
-//! link has delivered a copy of something the old one delivered on every subscription that
-//! is live (the old link delivered on it since the new link's replay PONG), as long as
-//! [`PROOF_WAIT`] at most. The settle delay assumes the new node's interest reaches the
-//! publishers' nodes within it; under load it may not (seen with 1,000 clients moving at
-//! once on 2 shared cores: the node read its route 2.1 s late, and every client lost the
-//! same 0.6 to 5 s of messages). A copy on the new link proves its interest arrived. The
-//! caller says which subscriptions can prove nothing this way: queue groups (each message
-//! goes to one member) and JetStream pull inboxes (each message to one request).
+//! Proof of overlap: a subscription leaves the old link (its UNSUB, then the PONG of a
+//! PING after it) only once the new link has delivered a copy of something the old one
+//! delivered on it ([`Dedup::proven`]): the new node's interest reached that publisher's
+//! node. Until then the old link keeps it, also when it carried nothing through the
+//! switch, until its server closes the old link. A settle delay alone is no proof: under
+//! load a node read its route 2.1 s late (1,000 clients moving at once on 2 shared
+//! cores, every client lost the same 0.6 to 5 s of messages), and an idle subscription
+//! lost what was published just after the old link's UNSUB whenever the new node's
+//! interest came later (seen once in CI; `tests/migration.rs` reproduces it with a
+//! delayed route). Each subscription's old side ends on its own
+//! ([`Dedup::old_finished_on`]): what the new link held back on it is released then, the
+//! others stay held. The caller says which subscriptions can prove nothing this way and
+//! leave at once: queue groups (each message goes to one member) and JetStream pull
+//! inboxes (each message to one request).
 //!
 //! Echo: a client that connected with `echo:false` does not get its own messages from the
 //! link it published on, but the other link is a different connection and would deliver
@@ -54,9 +59,7 @@
 
 mod overlap;
 
-pub use overlap::{
-    fingerprint, Dedup, Tally, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_HOLD_BYTES, PROOF_WAIT,
-};
+pub use overlap::{fingerprint, Dedup, Tally, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_HOLD_BYTES};
 
 #[cfg(test)]
 mod tests;

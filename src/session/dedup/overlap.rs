@@ -11,9 +11,6 @@ use crate::session::action::Epoch;
 pub const DEFAULT_MAX_ENTRIES: usize = 200_000;
 /// Default bound of bytes held back from the new link.
 pub const DEFAULT_MAX_HOLD_BYTES: usize = 16 * 1024 * 1024;
-/// Longest the old link's UNSUBs wait past the settle delay for the new link's proof of
-/// overlap; then they go anyway (logged).
-pub const PROOF_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Fingerprint of a message's content: subject, reply, headers and payload.
 pub fn fingerprint(subject: &[u8], reply: Option<&[u8]>, headers: &[u8], payload: &[u8]) -> u64 {
@@ -69,6 +66,12 @@ struct OldSeen {
     live: bool,
     /// The new link delivered a copy of something the old one did: its interest arrived.
     proven: bool,
+    /// The old link delivers nothing more on this sid (its UNSUB's barrier PONG).
+    done: bool,
+    /// The old link's latest delivery on this sid, and whether the new link has
+    /// delivered its copy (or was ahead): the new link has caught up with the old one.
+    last: Option<u64>,
+    caught_up: bool,
 }
 
 fn count(m: &Multiset) -> usize {
@@ -209,6 +212,8 @@ impl<T> Dedup<T> {
         let o = self.old_seen(sid);
         o.live |= late;
         o.proven |= held;
+        o.last = Some(fp);
+        o.caught_up = held;
         let per = if late { &mut o.late } else { &mut o.early };
         *per.entry(fp).or_insert(0) += 1;
     }
@@ -247,6 +252,9 @@ impl<T> Dedup<T> {
             false
         };
         if hit {
+            if o.last == Some(fp) {
+                o.caught_up = true;
+            }
             self.entries -= 1;
             self.tally.suppressed += 1;
         }
@@ -270,14 +278,16 @@ impl<T> Dedup<T> {
         if epoch == self.old {
             if self.take_seen_new(sid, fp) {
                 // The new link delivered it first (released early): proof as well.
-                self.old_seen(sid).proven = true;
+                let o = self.old_seen(sid);
+                o.proven = true;
+                (o.last, o.caught_up) = (Some(fp), true);
             } else {
                 self.remember(false, sid, fp);
                 self.ready.push_back(msg);
             }
             return;
         }
-        if self.old_done {
+        if self.old_done || self.seen_old.get(sid).is_some_and(|o| o.done) {
             if !self.take_seen_old(sid, fp) {
                 self.ready.push_back(msg);
             }
@@ -350,13 +360,46 @@ impl<T> Dedup<T> {
         std::mem::take(&mut self.tally)
     }
 
-    /// Subscriptions that are live on the old link and for which the new link has not yet
-    /// delivered a copy, among those `provable` accepts (see the module doc).
-    pub fn unproven(&self, provable: impl Fn(&[u8]) -> bool) -> usize {
-        self.seen_old
-            .iter()
-            .filter(|(sid, o)| o.live && !o.proven && provable(sid))
-            .count()
+    /// Whether the new link has delivered a copy of something the old one delivered on
+    /// `sid`: the new node's interest reached that publisher's node.
+    pub fn proven(&self, sid: &[u8]) -> bool {
+        self.seen_old.get(sid).is_some_and(|o| o.proven)
+    }
+
+    /// The old link will deliver nothing more on `sids` (the PONG after their UNSUBs):
+    /// what the new link delivered on them is released, skipping what the old one
+    /// already did; from now on the new link's messages on them go out at once. The
+    /// other sids' held messages stay held, in order.
+    pub fn old_finished_on(&mut self, sids: &[Bytes]) -> Tally {
+        if self.old_done {
+            return Tally::default();
+        }
+        for sid in sids {
+            self.old_seen(sid).done = true;
+        }
+        let mut keep = VecDeque::with_capacity(self.held.len());
+        while let Some(h) = self.held.pop_front() {
+            if !sids.contains(&h.sid) {
+                keep.push_back(h);
+                continue;
+            }
+            take(&mut self.held_index, &h.sid, h.fp);
+            self.held_bytes -= h.size;
+            if !self.take_seen_old(&h.sid, h.fp) {
+                self.ready.push_back(h.msg);
+            }
+        }
+        self.held = keep;
+        std::mem::take(&mut self.tally)
+    }
+
+    /// Whether the new link has delivered its copy of the old link's latest delivery on
+    /// every sid the old link delivered on since the new link's SUBs were registered: no
+    /// copy of anything it delivered is still on its way (a late copy would otherwise be
+    /// a duplicate once the overlap ends). A sid whose last delivery came before the new
+    /// node's interest reached its publisher never catches up: the caller bounds the wait.
+    pub fn new_link_caught_up(&self) -> bool {
+        self.seen_old.values().all(|o| !o.live || o.caught_up)
     }
 
     /// Remembered fingerprints.

@@ -73,33 +73,70 @@ fn what_the_old_link_delivered_while_the_new_one_was_dialled_is_matched() {
 }
 
 #[test]
-fn the_new_link_proves_its_interest_with_a_copy_on_each_live_sid() {
+fn the_new_link_proves_its_interest_with_a_copy_on_each_sid() {
     let mut d = Counted::recording(A, 100, 100);
     d.on_message(A, b"1", 1, 1, 1);
     d.attach(B);
     d.start_recording();
-    assert_eq!(d.unproven(|_| true), 0, "nothing live yet");
     // A delivers on sids 1 and 2 during the overlap; B's interest has not arrived.
     d.on_message(A, b"1", 2, 1, 2);
     d.on_message(A, b"2", 20, 1, 20);
-    assert_eq!(d.unproven(|_| true), 2);
-    assert_eq!(
-        d.unproven(|sid| sid != b"2"),
-        1,
-        "the caller excludes sid 2"
-    );
+    assert!(!d.proven(b"1") && !d.proven(b"2") && !d.proven(b"3"));
     // B's copy of 2 (A first) proves sid 1; on sid 2, B is ahead of A.
     d.on_message(B, b"1", 2, 1, 102);
     d.on_message(B, b"2", 21, 1, 121);
-    assert_eq!(d.unproven(|_| true), 1);
+    assert!(d.proven(b"1") && !d.proven(b"2"));
     d.on_message(A, b"2", 21, 1, 21);
-    assert_eq!(d.unproven(|_| true), 0);
+    assert!(d.proven(b"2"));
     // A B message A never delivered proves nothing.
     let mut e = Counted::new(A, B, 100, 100);
     e.start_recording();
     e.on_message(A, b"1", 5, 1, 5);
     e.on_message(B, b"1", 6, 1, 106);
-    assert_eq!(e.unproven(|_| true), 1);
+    assert!(!e.proven(b"1"));
+}
+
+#[test]
+fn the_new_link_catches_up_when_it_copied_the_old_links_last_delivery() {
+    let mut d = Counted::new(A, B, 100, 100);
+    d.start_recording();
+    assert!(d.new_link_caught_up());
+    // A delivers 1 and 2; B's route is slower: A ends before B's copies come.
+    d.on_message(A, b"1", 1, 1, 1);
+    d.on_message(A, b"1", 2, 1, 2);
+    d.old_finished();
+    assert!(!d.new_link_caught_up());
+    d.on_message(B, b"1", 1, 1, 101);
+    assert!(!d.new_link_caught_up(), "2's copy still on its way");
+    d.on_message(B, b"1", 2, 1, 102);
+    assert!(d.new_link_caught_up());
+    let out: Vec<u32> = std::iter::from_fn(|| d.pop_ready()).collect();
+    assert_eq!(out, [1, 2], "B's copies dropped");
+}
+
+#[test]
+fn one_sid_finished_on_the_old_link_releases_its_held_messages_only() {
+    let mut d = Counted::new(A, B, 100, 100);
+    d.start_recording();
+    d.on_message(A, b"1", 1, 1, 1);
+    d.on_message(B, b"1", 1, 1, 101);
+    d.on_message(B, b"1", 2, 1, 102);
+    d.on_message(B, b"2", 3, 1, 103);
+    let out: Vec<u32> = std::iter::from_fn(|| d.pop_ready()).collect();
+    assert_eq!(out, [1], "B's held back");
+    let t = d.old_finished_on(&[Bytes::from_static(b"1")]);
+    assert_eq!(t.suppressed, 1, "B's copy of 1");
+    let out: Vec<u32> = std::iter::from_fn(|| d.pop_ready()).collect();
+    assert_eq!(out, [102], "sid 2 still held");
+    assert_eq!(d.held_bytes(), 1);
+    // B on sid 1 now goes out at once; sid 2 waits for its own end.
+    d.on_message(B, b"1", 4, 1, 104);
+    d.on_message(B, b"2", 5, 1, 105);
+    let out: Vec<u32> = std::iter::from_fn(|| d.pop_ready()).collect();
+    assert_eq!(out, [104]);
+    d.old_finished();
+    let out: Vec<u32> = std::iter::from_fn(|| d.pop_ready()).collect();
+    assert_eq!(out, [103, 105]);
 }
 
 #[test]

@@ -405,20 +405,87 @@ fn the_old_link_keeps_its_subscriptions_until_the_new_one_delivers_a_copy() {
 }
 
 #[test]
-fn without_a_copy_the_old_link_is_retired_after_the_proof_wait() {
-    let mut h = switched_to_b(b"SUB foo 1\r\nSUB work q 2\r\n");
+fn without_a_copy_the_old_link_keeps_the_subscription_until_its_server_closes_it() {
+    // foo carried traffic, idle carried none: neither is proved. The queue group `work`
+    // can prove nothing and leaves A at the settle delay.
+    let mut h = switched_to_b(b"SUB foo 1\r\nSUB work q 2\r\nSUB idle 3\r\n");
     h.upstream(1, b"MSG foo 1 2\r\nm1\r\nMSG work 2 2\r\nw1\r\n");
     let settle = h.now + DEFAULT_SETTLE;
-    let mut unsub_at = None;
-    while unsub_at.is_none() {
-        h.now = h.s.poll_timeout().unwrap();
-        h.s.handle_timeout(h.now);
-        if unsub_sent(&h.actions()) {
-            unsub_at = Some(h.now);
-        }
-    }
-    // foo was never proved; the queue group `work` cannot be and does not count.
-    assert_eq!(unsub_at, Some(settle + dedup::PROOF_WAIT));
+    h.now = h.s.poll_timeout().unwrap();
+    assert!(h.now <= settle);
+    h.s.handle_timeout(h.now);
+    let up = String::from_utf8(to_upstream(&h.actions())).unwrap();
+    assert_eq!(up, "UNSUB 2\r\nPING\r\n", "only the queue group leaves A");
+    // No timer gives up on the proof.
+    assert_eq!(h.s.drain_due(), None);
+    // B's copies wait for A's: a message on idle from B only (its interest reached the
+    // publisher before A's UNSUB would have) is held, A's copy goes out.
+    h.upstream(1, b"PONG\r\n");
+    assert_eq!(
+        to_client(&h.upstream(1, b"MSG idle 3 2\r\ni1\r\n")),
+        b"MSG idle 3 2\r\ni1\r\n"
+    );
+    // A's server closes A (lame duck): what B held is released minus A's copies.
+    let a = h.upstream(2, b"MSG idle 3 2\r\ni2\r\n");
+    assert_eq!(to_client(&a), b"", "held while A may still deliver it");
+    h.s.handle_upstream_lost(Epoch(1), h.now);
+    let a = h.actions();
+    assert_eq!(to_client(&a), b"MSG idle 3 2\r\ni2\r\n");
+    assert!(!h.s.migrating());
+}
+
+#[test]
+fn a_proved_subscription_leaves_the_old_link_alone_and_its_held_copies_go_out() {
+    let mut h = switched_to_b(b"SUB foo 1\r\nSUB idle 2\r\n");
+    h.now += DEFAULT_SETTLE;
+    h.s.handle_timeout(h.now);
+    assert!(!unsub_sent(&h.actions()), "both idle: both kept");
+    // Traffic on foo through both links: B's copy proves foo, which alone leaves A.
+    h.upstream(1, b"MSG foo 1 2\r\nm1\r\n");
+    let a = h.upstream(2, b"MSG foo 1 2\r\nm1\r\nMSG foo 1 2\r\nm2\r\n");
+    let up = String::from_utf8(to_upstream(&a)).unwrap();
+    assert_eq!(up, "UNSUB 1\r\nPING\r\n");
+    assert_eq!(to_client(&a), b"", "m2 held until A is done with foo");
+    // The batch's PONG: A delivers nothing more on foo; B's m2 goes out, m1 once.
+    let a = h.upstream(1, b"PONG\r\n");
+    assert_eq!(to_client(&a), b"MSG foo 1 2\r\nm2\r\n");
+    assert!(
+        !a.contains(&Action::CloseUpstream(Epoch(1))),
+        "idle still kept on A"
+    );
+    // From now on B's foo goes out at once.
+    assert_eq!(
+        to_client(&h.upstream(2, b"MSG foo 1 2\r\nm3\r\n")),
+        b"MSG foo 1 2\r\nm3\r\n"
+    );
+    // The client unsubscribes idle: nothing is kept, A is retired.
+    let a = h.client(b"UNSUB 2\r\n");
+    let up = String::from_utf8(to_upstream(&a)).unwrap();
+    assert!(up.ends_with("PING\r\n"), "{up}");
+    let a = h.upstream(1, b"PONG\r\n");
+    assert!(a.contains(&Action::CloseUpstream(Epoch(1))), "{a:?}");
+    assert!(!h.s.migrating());
+}
+
+#[test]
+fn the_new_node_in_lame_duck_mode_ends_what_the_old_link_kept() {
+    let mut h = switched_to_b(b"SUB idle 1\r\n");
+    h.now += DEFAULT_SETTLE;
+    h.s.handle_timeout(h.now);
+    assert!(!unsub_sent(&h.actions()));
+    let a = h.upstream(
+        2,
+        b"INFO {\"server_id\":\"B\",\"connect_urls\":[\"y:1\"],\"ldm\":true} \r\n",
+    );
+    let up = String::from_utf8(to_upstream(&a)).unwrap();
+    assert!(up.contains("UNSUB 1\r\nPING\r\n"), "{up}");
+    // A's PONG retires it and the next migration starts.
+    let a = h.upstream(1, b"PONG\r\n");
+    assert!(a.contains(&Action::CloseUpstream(Epoch(1))), "{a:?}");
+    assert!(
+        dial_of(&a).is_some() || h.s.poll_timeout().is_some(),
+        "{a:?}"
+    );
 }
 
 #[test]
