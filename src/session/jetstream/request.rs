@@ -95,14 +95,11 @@ impl PullBody {
     /// The heartbeat the proxy asks of the server: a quarter of the expiry (so two missed
     /// beats, the loss signal, come by half of it, leaving the other half to place the
     /// request again), at most half the client's own (so the loss shows before the
-    /// client's monitor fires) and at most [`UPSTREAM_HB_MAX`]. `None`: no JSON body, no
-    /// expiry, or an expiry under 4 × [`UPSTREAM_HB_MIN`]; the client's own heartbeat (if
-    /// any) is then kept as it is. A `no_wait` request with an expiry gets one too: the
-    /// server holds it like any other until a message or the expiry comes (nats-server
-    /// `consumer.go`, `processNextMsgRequest`: "a one-shot situation", heartbeats
-    /// included), and nats.go's and nats-py's `Fetch` start with one.
+    /// client's monitor fires) and at most [`UPSTREAM_HB_MAX`]. `None`: no JSON body, a
+    /// `no_wait` request, no expiry, or an expiry under 4 × [`UPSTREAM_HB_MIN`]; the
+    /// client's own heartbeat (if any) is then kept as it is.
     pub fn upstream_heartbeat(&self, expires: Option<Duration>) -> Option<Duration> {
-        if self.json.is_none() {
+        if self.no_wait || self.json.is_none() {
             return self.idle_heartbeat;
         }
         let (Some(exp), Some(original)) = (expires, self.expires) else {
