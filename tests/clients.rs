@@ -185,6 +185,8 @@ struct Outcome {
     name: String,
     /// A JetStream consumer (its resume after an outage is measured).
     jetstream: bool,
+    /// A pull consumer (its largest gap in a rolling restart is bounded).
+    pull: bool,
     /// How many consumers of `LOGS` its counts add up (a stream copy of a message, see
     /// [`Finished::stream_copies`], reaches each once).
     consumers: u64,
@@ -286,6 +288,7 @@ async fn spawn_client(
     .await;
     let name = c.name.to_string();
     let jetstream = c.mode != Mode::Core;
+    let pull = matches!(c.mode, Mode::Pull(_));
     let consumers = match c.mode {
         Mode::Core => 0,
         Mode::Pull(_) => 1,
@@ -303,6 +306,7 @@ async fn spawn_client(
         let status = child.wait().await.unwrap();
         let mut o = parse_result(&name, &result);
         o.jetstream = jetstream;
+        o.pull = pull;
         o.consumers = consumers;
         o.ok = status.success() && !result.is_empty();
         o.stderr = errs.await.unwrap_or_default();
@@ -335,6 +339,7 @@ async fn spawn_vector(url: &str, expect: u64, secs: u64) -> tokio::task::JoinHan
         let mut o = Outcome {
             name: "async-nats (Vector loop)".into(),
             jetstream: true,
+            pull: true,
             consumers: 1,
             ..Default::default()
         };
@@ -587,12 +592,13 @@ async fn finish(run: Run, published: u64, healthy_unix_ms: Option<u64>) -> Finis
         server_version()
     );
     for o in &outcomes {
-        let resume = healthy_unix_ms.map_or(String::new(), |h| {
-            format!(
-                " resume_after_healthy={}ms",
-                o.resume_unix_ms as i64 - h as i64
-            )
-        });
+        let resume =
+            healthy_unix_ms.map_or(format!(" gap_ended_unix_ms={}", o.resume_unix_ms), |h| {
+                format!(
+                    " resume_after_healthy={}ms",
+                    o.resume_unix_ms as i64 - h as i64
+                )
+            });
         eprintln!(
             "{:<26} received={} dups={} errors={} disconnects={} max_gap={}ms{resume}",
             o.name, o.received, o.dups, o.errors, o.disconnects, o.max_gap_ms
@@ -634,9 +640,12 @@ async fn every_client_through_a_rolling_lame_duck_restart_r3() {
     let publisher = spawn_publisher(url, N, 150, Arc::default());
     let core = spawn_core_publisher(&run, N, 150).await;
     for i in 0..3 {
+        eprintln!("n{} lame duck at unix ms {}", i + 1, unix_ms());
         run.cluster.lame_duck(i);
         run.cluster.wait_exit(i, Duration::from_secs(40)).await;
+        eprintln!("n{} exited at unix ms {}", i + 1, unix_ms());
         run.cluster.restart(i).await;
+        eprintln!("n{} healthy at unix ms {}", i + 1, unix_ms());
     }
     let publisher_gap = within(Duration::from_secs(120), "publisher", publisher)
         .await
@@ -647,6 +656,17 @@ async fn every_client_through_a_rolling_lame_duck_restart_r3() {
     eprintln!("publisher's largest gap between stored messages: {publisher_gap:?}");
     let finished = finish(run, N, None).await;
     assert_clean(&finished, N);
+    // Issue 16 asks for a largest pull gap of 0.5 s; not asserted yet: in the runs of
+    // 2026-12-03 on 2.15.1 the fetch-loop clients (nats.go, cnats, nats-py) saw up to
+    // 2.3 s when the third node left, their requests alive upstream (heartbeats kept
+    // coming) and nothing delivered. The figures are printed for the record.
+    let gaps: Vec<String> = finished
+        .outcomes
+        .iter()
+        .filter(|o| o.pull)
+        .map(|o| format!("{} {} ms", o.name, o.max_gap_ms))
+        .collect();
+    eprintln!("largest pull gaps: {}", gaps.join(", "));
 }
 
 /// R1 stream and consumers on n1; n1 goes lame duck and stays away 40 s. Every client
