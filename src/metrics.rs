@@ -30,6 +30,12 @@ pub struct DirectionLabel {
     pub direction: &'static str,
 }
 
+/// `version` label: the crate version that runs.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabel {
+    pub version: &'static str,
+}
+
 /// `buffer` label: client_out, upstream_out, backlog, hold.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BufferLabel {
@@ -307,6 +313,18 @@ impl Stats {
             s.sessions_migrating.clone(),
         );
         r.register("ready", "1 when /readyz answers 200", s.ready.clone());
+        // Which version runs where, across a fleet: one series, always 1.
+        let build_info: Family<VersionLabel, Gauge> = Family::default();
+        build_info
+            .get_or_create(&VersionLabel {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        r.register(
+            "build_info",
+            "1, labelled with the natsproxy version",
+            build_info,
+        );
         Stats { registry: r, ..s }
     }
 
@@ -380,5 +398,20 @@ impl Stats {
             self.max_switch_us
                 .fetch_max(t.as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_info_names_the_running_version() {
+        let text = Stats::new().encode();
+        let line = format!(
+            "natsproxy_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.lines().any(|l| l == line), "{text}");
     }
 }

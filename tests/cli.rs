@@ -577,3 +577,42 @@ fn every_option_works_as_flag_env_and_file() {
         }
     }
 }
+
+/// The human log format writes no ANSI colour codes when stderr is a pipe (as under
+/// `kubectl logs` or a log pipeline's file source), with or without `NO_COLOR`.
+#[tokio::test]
+async fn human_logs_to_a_pipe_carry_no_colour_codes() {
+    for no_color in [None, Some("1")] {
+        let port = free_port();
+        let mut cmd = Command::new(BIN);
+        cmd.args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--upstream", &format!("nats://127.0.0.1:{}", free_port())])
+            .args(["--log-format", "human", "--shutdown-grace", "0s"])
+            .env_remove("NO_COLOR")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(v) = no_color {
+            cmd.env("NO_COLOR", v);
+        }
+        let child = cmd.spawn().unwrap();
+        within(Duration::from_secs(10), "proxy to listen", async {
+            while tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_err()
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        let pid = child.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success());
+        let out = child.wait_with_output().unwrap();
+        let logs = String::from_utf8_lossy(&out.stderr);
+        assert!(logs.contains("natsproxy listening"), "{logs}");
+        assert!(!logs.contains('\x1b'), "colour codes in a pipe: {logs:?}");
+    }
+}
