@@ -223,6 +223,15 @@ pub struct Opts {
     #[arg(long, env = "NATSPROXY_SETTLE", global = true)]
     pub settle: Option<Text>,
 
+    /// A PING of the proxy's node unanswered this long makes it suspect: the session brings
+    /// up a standby link on another node with every subscription (both deliver, once each
+    /// to the client) and keeps it if the node is then found dead (--ping-interval × 2
+    /// without an answer), drops it when the node answers. While this is on, an idle link
+    /// is PINGed every 500 ms at least, so a frozen node costs at most ~1.1 s of core
+    /// messages. 0 turns it off. [default: 600ms]
+    #[arg(long, env = "NATSPROXY_HEDGE_AFTER", global = true)]
+    pub hedge_after: Option<Text>,
+
     /// When a node goes lame duck, each client's proxy session dials its new node after a
     /// random delay below this, so that the many clients of a shared proxy (a DaemonSet)
     /// do not dial the remaining nodes all at once. 0 dials at once. [default: 250ms]

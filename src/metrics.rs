@@ -67,6 +67,8 @@ pub struct Stats {
     pub migrations: Counter,
     /// Primaries lost without warning.
     pub failovers: Counter,
+    /// Standbys brought up on suspicion (a PING unanswered for `hedge_after`).
+    pub hedges: Counter,
     pub subs_replayed: Counter,
     pub pulls_reissued: Counter,
     pub statuses_shielded: Counter,
@@ -174,6 +176,7 @@ impl Stats {
             migration_seconds: Family::new_with_constructor(duration_histogram),
             migrations: Counter::default(),
             failovers: Counter::default(),
+            hedges: Counter::default(),
             subs_replayed: Counter::default(),
             pulls_reissued: Counter::default(),
             statuses_shielded: Counter::default(),
@@ -235,6 +238,11 @@ impl Stats {
             "migrations_by_reason",
             "Moves to another upstream, by reason (ldm = make-before-break; closed, stale, protocol = failover)",
             s.migrations_by_reason.clone(),
+        );
+        r.register(
+            "hedges",
+            "Standby links brought up because the upstream was slow to answer a PING (--hedge-after)",
+            s.hedges.clone(),
         );
         r.register(
             "migration_duration_seconds",
@@ -348,6 +356,7 @@ impl Stats {
         };
         add(&self.migrations, before.migrations, now.migrations);
         add(&self.failovers, before.failovers, now.failovers);
+        add(&self.hedges, before.hedges, now.hedges);
         add(&self.subs_replayed, before.subs_replayed, now.subs_replayed);
         add(
             &self.duplicates_suppressed,

@@ -112,6 +112,7 @@ impl Opts {
         let s = &mut c.session;
         s.ping_interval = dur(&self.ping_interval, "ping_interval", s.ping_interval)?;
         s.settle = dur(&self.settle, "settle", s.settle)?;
+        s.hedge_after = dur(&self.hedge_after, "hedge_after", s.hedge_after)?;
         s.max_outage = dur(&self.max_outage, "max_outage", s.max_outage)?;
         s.migration_spread = dur(
             &self.migration_spread,

@@ -495,6 +495,7 @@ fn every_option_works_as_flag_env_and_file() {
         ),
         (vec![("max-hold", "3MiB")], "max_hold = 3145728".into()),
         (vec![("settle", "120ms")], "settle = \"120ms\"".into()),
+        (vec![("hedge-after", "0s")], "hedge_after = \"0ms\"".into()),
         (
             vec![("migration-spread", "1s")],
             "migration_spread = \"1000ms\"".into(),

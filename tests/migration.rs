@@ -747,3 +747,110 @@ async fn an_idle_subscription_loses_nothing_when_the_new_nodes_interest_comes_la
     assert_eq!(proxy.stats.failovers.get(), 0);
     proxy.stop().await;
 }
+
+/// The proxy's node frozen (SIGSTOP) 8 s while a core subscriber gets 200 msg/s: the
+/// proxy hedges after a PING unanswered for `--hedge-after` (a standby on another node
+/// with the subscription, both delivering), and promotes the standby when the node is
+/// found dead. At most 300 messages (1.5 s) are lost, none twice, no disconnect. Then
+/// the same node, thawed and back in the cluster, stalled 500 ms under load: no standby,
+/// no migration, no failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_node_costs_at_most_300_messages_and_a_stall_moves_nothing() {
+    init_logs();
+    let cluster = Cluster::start(ClusterOpts {
+        nodes: 3,
+        publisher_node: true,
+        ..Default::default()
+    })
+    .await;
+    let proxy = TestProxy::start(&cluster.urls()).await;
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let c = client(&proxy.url(), "frozen", events.clone()).await;
+    let publisher = async_nats::connect(cluster.publisher.as_ref().unwrap().url())
+        .await
+        .unwrap();
+    let mut sub = c.subscribe("data").await.unwrap();
+    wait_flowing(&publisher, "data", &mut sub).await;
+    let node = within(Duration::from_secs(5), "the proxy's node", async {
+        loop {
+            if let Some(i) = cluster.node_of_client("frozen").await {
+                return i;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let seq = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_at = Arc::new(AtomicU64::new(u64::MAX));
+    let rx = spawn_receiver(sub, stop_at.clone());
+    let pubs = spawn_publisher(publisher.clone(), &["data"], 200, seq.clone(), stop.clone());
+    let wait_for = async |n: u64| {
+        within(Duration::from_secs(30), "publishing", async {
+            while seq.load(Ordering::Relaxed) < n {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+    };
+    wait_for(200).await;
+    cluster.stop(node);
+    let frozen_at = seq.load(Ordering::Relaxed);
+    wait_for(frozen_at + 8 * 200).await;
+    cluster.cont(node);
+    let failovers = proxy.stats.failovers.get();
+    let hedges = proxy.stats.hedges.get();
+    // Back in the cluster; the proxy now sits on another node. Stall that one 500 ms.
+    cluster.wait_routes().await;
+    let now_on = within(Duration::from_secs(5), "the proxy's new node", async {
+        loop {
+            match cluster.node_of_client("frozen").await {
+                Some(i) if i != node => return i,
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })
+    .await;
+    let before = seq.load(Ordering::Relaxed);
+    wait_for(before + 200).await;
+    cluster.stop(now_on);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.cont(now_on);
+    wait_for(seq.load(Ordering::Relaxed) + 400).await;
+    stop.store(true, Ordering::Relaxed);
+    pubs.await.unwrap();
+    let published = seq.load(Ordering::Relaxed);
+    stop_at.store(published, Ordering::Relaxed);
+    let r = within(Duration::from_secs(30), "receiver", rx)
+        .await
+        .unwrap();
+    let mut sorted = r.seqs.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), r.seqs.len(), "no message twice");
+    let missing = published - sorted.len() as u64;
+    println!(
+        "frozen 8 s at 200 msg/s: {missing} of {published} missing; hedges {hedges}, failovers {failovers}; after the 500 ms stall: hedges {}, failovers {}, migrations {}",
+        proxy.stats.hedges.get(),
+        proxy.stats.failovers.get(),
+        proxy.stats.migrations.get()
+    );
+    assert!(missing <= 300, "{missing} missing");
+    assert_eq!((hedges, failovers), (1, 1), "hedged, then found dead");
+    assert_eq!(
+        (
+            proxy.stats.hedges.get(),
+            proxy.stats.failovers.get(),
+            proxy.stats.migrations.get()
+        ),
+        (1, 1, 0),
+        "the 500 ms stall moved nothing"
+    );
+    assert!(
+        events.lock().unwrap().is_empty(),
+        "{:?}",
+        events.lock().unwrap()
+    );
+    assert_eq!(proxy.stats.clients_accepted.get(), 1);
+    proxy.stop().await;
+}

@@ -16,6 +16,15 @@ pub const DEFAULT_MAX_BACKLOG: usize = 8 * 1024 * 1024;
 /// Default time the new link's subscriptions get to propagate before the old link's go.
 pub const DEFAULT_SETTLE: Duration = Duration::from_millis(250);
 
+/// Default time a PING of the primary may go unanswered before the session hedges (a
+/// standby on another node); above a 500 ms stall of a node under load, so that such a
+/// stall brings up no standby at all.
+pub const DEFAULT_HEDGE_AFTER: Duration = Duration::from_millis(600);
+
+/// While hedging is on, the longest an established link goes without a PING of the
+/// proxy's: a frozen node is suspected within this plus `hedge_after` (1.1 s).
+pub const HEDGE_KEEPALIVE: Duration = Duration::from_millis(500);
+
 /// Default window over which the sessions of one proxy spread their dials to a new node
 /// when their node goes lame duck (each waits a random part of it): 1,000 clients of a
 /// shared proxy do not dial the remaining nodes in the same millisecond. nats-server
@@ -65,6 +74,9 @@ pub struct SessionConfig {
     /// Time the new link's subscriptions get to propagate before the old ones are removed.
     #[serde(serialize_with = "as_millis")]
     pub settle: Duration,
+    /// A primary's PING unanswered this long brings up a standby (zero: never).
+    #[serde(serialize_with = "as_millis")]
+    pub hedge_after: Duration,
     /// Time without any upstream before the client is closed with `-ERR`.
     #[serde(serialize_with = "as_millis")]
     pub max_outage: Duration,
@@ -84,6 +96,18 @@ pub struct SessionConfig {
     /// Seed of the backoff jitter.
     #[serde(skip)]
     pub seed: u64,
+}
+
+impl SessionConfig {
+    /// The interval of keepalive PINGs: `ping_interval`, at most [`HEDGE_KEEPALIVE`]
+    /// while hedging is on.
+    pub fn keepalive_interval(&self) -> Duration {
+        if self.hedge_after.is_zero() {
+            self.ping_interval
+        } else {
+            self.ping_interval.min(HEDGE_KEEPALIVE)
+        }
+    }
 }
 
 /// A duration as its option takes it: `"250ms"`.
@@ -113,6 +137,7 @@ impl Default for SessionConfig {
             max_pings_out: 2,
             max_backlog: DEFAULT_MAX_BACKLOG,
             settle: DEFAULT_SETTLE,
+            hedge_after: DEFAULT_HEDGE_AFTER,
             max_outage: DEFAULT_MAX_OUTAGE,
             migration_spread: DEFAULT_MIGRATION_SPREAD,
             backoff_min: DEFAULT_BACKOFF_MIN,

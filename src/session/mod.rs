@@ -37,6 +37,13 @@
 //!      (everything leaves A at once) ─► finish_migration: Steady; Overlap::Lingering
 //!      matches B's late copies for one settle delay (then Overlap::None)
 //!
+//!  Steady ─ the primary's PING unanswered for hedge_after (idle links are PINGed every
+//!  HEDGE_KEEPALIVE) ─► Hedging: a standby on another node, attached to the overlap
+//!  (the primary's deliveries remembered, the standby's held back)
+//!    ─ the primary's PONG ─► Steady: the standby closed, what it delivered dropped
+//!    ─ the primary lost or stale ─► Outage, and at once Steady on the standby if it is up
+//!      (the overlap releases what it held, minus what the primary delivered)
+//!
 //!  Steady or Migrating ─ primary lost (closed, reset, garbage, or stale: a PING
 //!  unanswered for ping_interval × max_pings_out) ─► Outage: the client stays connected,
 //!  its owed PONGs are answered, publishes the dead link never confirmed go back to the
@@ -349,7 +356,7 @@ impl Session {
     /// The TCP connection of `epoch` is established.
     pub fn handle_upstream_connected(&mut self, epoch: Epoch, now: Instant) {
         self.now = now;
-        let interval = self.cfg.ping_interval;
+        let interval = self.cfg.keepalive_interval();
         if let Some(role) = self.role_of(epoch) {
             if let Some(l) = self.link_mut(role) {
                 l.state = LinkState::AwaitInfo;

@@ -32,6 +32,11 @@ pub(super) enum Phase {
     Starting { failures: usize },
     /// A primary carries the client's traffic; nothing is moving.
     Steady,
+    /// The primary's PING is unanswered for `hedge_after`: it still carries the client's
+    /// traffic, and a standby on another node is being brought up with every
+    /// subscription (both deliver; the overlap gives the client each message once). The
+    /// primary's next PONG drops the standby; the primary found dead promotes it.
+    Hedging { since: Instant },
     /// Make-before-break off a primary in lame duck mode.
     Migrating(Move, Step),
     /// The primary is gone: the client is served from the backlog until a standby is up;
@@ -137,6 +142,10 @@ impl Session {
         let link_epoch = l.epoch;
         info!(upstream = %addr, server = %l.server_name(), "upstream entered lame duck mode");
         self.pool.mark_ldm(&addr, now);
+        if role == Role::Primary && matches!(self.phase, Phase::Hedging { .. }) {
+            // It answers: no longer suspect; the migration brings its own standby.
+            self.end_hedge();
+        }
         match role {
             Role::Primary if matches!(self.phase, Phase::Steady) => {
                 // Steady ─► Migrating(Preparing).
@@ -180,6 +189,57 @@ impl Session {
             }
             Role::Retiring => {}
         }
+    }
+
+    /// When the primary becomes suspect (Steady, hedging on): its oldest PING unanswered
+    /// for `hedge_after`.
+    pub(super) fn suspect_at(&self) -> Option<Instant> {
+        if self.cfg.hedge_after.is_zero() || !matches!(self.phase, Phase::Steady) {
+            return None;
+        }
+        let p = self.links.primary().filter(|p| p.established())?;
+        p.oldest_ping().map(|t| t + self.cfg.hedge_after)
+    }
+
+    /// Steady ─ the primary's PING unanswered for `hedge_after` ─► Hedging: a standby on
+    /// another node, its deliveries held against the primary's (which are remembered
+    /// from now on).
+    pub(super) fn begin_hedge(&mut self) {
+        let Some(p) = self.links.primary() else {
+            return;
+        };
+        let (addr, epoch) = (p.addr.clone(), p.epoch);
+        warn!(upstream = %addr, server = %p.server_name(), after_ms = self.cfg.hedge_after.as_millis() as u64,
+            "upstream slow to answer a PING; bringing up a standby on another node");
+        self.phase = Phase::Hedging { since: self.now };
+        self.stats.hedges += 1;
+        if matches!(self.overlap, Overlap::None) {
+            self.overlap = Overlap::Live(Dedup::recording(
+                epoch,
+                self.cfg.max_dedup_entries,
+                self.cfg.max_hold_bytes,
+            ));
+        }
+        self.start_dial();
+    }
+
+    /// Hedging ─ the primary answered ─► Steady: the standby is closed, what it
+    /// delivered dropped (the primary delivers all of it).
+    pub(super) fn end_hedge(&mut self) {
+        let Phase::Hedging { since } = self.phase else {
+            return;
+        };
+        if let Some(s) = self.links.take(Role::Standby) {
+            self.actions.push_back(Action::CloseUpstream(s.epoch));
+        }
+        self.dial_at = None;
+        self.end_overlap();
+        self.phase = Phase::Steady;
+        let waited = self.now.saturating_duration_since(since) + self.cfg.hedge_after;
+        info!(
+            waited_ms = waited.as_millis() as u64,
+            "upstream answered; standby dropped"
+        );
     }
 
     /// When A's first UNSUBs are due (Draining, not started): the settle delay after
@@ -400,6 +460,12 @@ impl Session {
         let from = match std::mem::replace(&mut self.phase, Phase::Steady) {
             // A move already under way keeps its reason and start.
             Phase::Migrating(m, _) | Phase::Outage { from: m, .. } => m,
+            // A hedge: traffic was in doubt since the suspicion.
+            Phase::Hedging { since } => Move {
+                reason,
+                started: since,
+                from: dead.addr.clone(),
+            },
             Phase::Starting { .. } | Phase::Steady => Move {
                 reason,
                 started: now,

@@ -34,6 +34,8 @@ pub struct SessionStats {
     pub migrations: u64,
     /// Primaries lost without warning.
     pub failovers: u64,
+    /// Standbys brought up because the primary was slow to answer a PING.
+    pub hedges: u64,
     /// SUBs written in replays.
     pub subs_replayed: u64,
     /// Overlap duplicates dropped.

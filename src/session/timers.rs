@@ -24,14 +24,17 @@ use crate::proto::encode;
 pub(super) enum Timer {
     /// The link's oldest PING is unanswered for `ping_interval × max_pings_out`: stale.
     Stale(Role),
-    /// The link's next keepalive PING (`ping_interval`).
+    /// The link's next keepalive PING (`ping_interval`, at most `HEDGE_KEEPALIVE` while
+    /// hedging is on).
     Keepalive(Role),
+    /// Steady: the primary's oldest PING unanswered for `hedge_after`: hedge.
+    Suspect,
     /// The next dial: a backoff after a failure, or the migration spread.
     Dial,
     /// The confirmation PING of unconfirmed publishes (`CONFIRM_DELAY`).
     Confirm,
-    /// Draining: UNSUB everything on the retiring link (the settle delay after B's replay,
-    /// then B's proof of overlap).
+    /// Draining: the first UNSUBs on the retiring link (the settle delay after B's
+    /// replay PONG).
     Drain,
     /// JetStream pull requests: placements, probes, statuses made for the client.
     Pulls,
@@ -43,9 +46,10 @@ pub(super) enum Timer {
 
 impl Timer {
     /// Every timer, in the order `handle_timeout` fires them.
-    pub(super) const ALL: [Timer; 12] = [
+    pub(super) const ALL: [Timer; 13] = [
         Timer::Stale(Role::Primary),
         Timer::Keepalive(Role::Primary),
+        Timer::Suspect,
         Timer::Stale(Role::Standby),
         Timer::Keepalive(Role::Standby),
         Timer::Stale(Role::Retiring),
@@ -71,6 +75,7 @@ impl Session {
                 let l = self.link(role)?;
                 l.established().then_some(l.keepalive_at)
             }
+            Timer::Suspect => self.suspect_at(),
             Timer::Dial => self.dial_at.filter(|_| self.links.standby().is_none()),
             Timer::Confirm => self.backlog.confirm_at(),
             Timer::Drain => self.drain_due(),
@@ -97,7 +102,7 @@ impl Session {
                 }
             }
             Timer::Keepalive(role) => {
-                let interval = self.cfg.ping_interval;
+                let interval = self.cfg.keepalive_interval();
                 let Some(l) = self.link_mut(role) else { return };
                 l.keepalive_at = now + interval;
                 if l.pings.is_empty() {
@@ -107,6 +112,7 @@ impl Session {
                         .push_back(Action::ToUpstream(epoch, Bytes::from_static(encode::PING)));
                 }
             }
+            Timer::Suspect => self.begin_hedge(),
             Timer::Dial => self.start_dial(),
             Timer::Confirm => {
                 let primary = self.links.primary_mut();

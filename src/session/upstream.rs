@@ -263,7 +263,7 @@ impl Session {
         let replay = self.subs.replay();
         let n_subs = self.subs.len() as u64;
         let now = self.now;
-        let interval = self.cfg.ping_interval;
+        let interval = self.cfg.keepalive_interval();
         let Some(l) = self.link_mut(role) else { return };
         let epoch = l.epoch;
         l.state = LinkState::Established;
@@ -294,6 +294,9 @@ impl Session {
         let now = self.now;
         let Some(l) = self.link_mut(role) else { return };
         let Some(entry) = l.pong() else { return };
+        if role == Role::Primary && matches!(self.phase, Phase::Hedging { .. }) {
+            self.end_hedge();
+        }
         match entry.owner {
             PingOwner::Client => {
                 self.replies.pong_arrived();

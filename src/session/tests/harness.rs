@@ -47,7 +47,10 @@ impl H {
     }
     /// Dial, connect, INFO, client CONNECT, handshake PONG.
     pub(super) fn connected() -> H {
-        let mut h = H::new();
+        H::connected_with(H::new())
+    }
+    /// [`H::connected`], from `h`.
+    pub(super) fn connected_with(mut h: H) -> H {
         assert!(matches!(
             h.actions()[..],
             [Action::Dial {

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 mod handshake;
 mod harness;
+mod hedge;
 mod jetstream;
 mod migration;
 mod relay;

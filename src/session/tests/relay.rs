@@ -127,7 +127,11 @@ fn a_retired_epoch_is_never_forwarded() {
 
 #[test]
 fn keepalive_pings_and_stale_detection() {
-    let mut h = H::connected();
+    // Without hedging: PINGs every ping_interval, stale after two.
+    let mut h = H::connected_with(H::with(SessionConfig {
+        hedge_after: Duration::ZERO,
+        ..SessionConfig::default()
+    }));
     let t0 = h.now;
     let due = h.s.poll_timeout().unwrap();
     assert_eq!(due, t0 + DEFAULT_PING_INTERVAL);
