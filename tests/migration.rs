@@ -327,20 +327,29 @@ async fn rolling_lame_duck_restart_is_invisible_to_clients() {
     assert_eq!(failovers, 0, "every move was make-before-break");
 }
 
-/// Shared body of the SIGKILL and SIGSTOP tests: returns the time from the fault to the
-/// first message received that was published after it.
-async fn fault_of_current_node(stop_node: bool) -> Duration {
+/// A 3-node cluster with a publisher node, a proxy over the 3, and a client `name`
+/// through it subscribed to `data` (traffic flowing), with the index of the proxy's node.
+struct OnNode {
+    cluster: Cluster,
+    proxy: TestProxy,
+    events: Arc<Mutex<Vec<String>>>,
+    publisher: async_nats::Client,
+    sub: async_nats::Subscriber,
+    node: usize,
+    _client: async_nats::Client,
+}
+
+async fn core_client_on_a_node(name: &str) -> OnNode {
     init_logs();
-    let mut cluster = Cluster::start(ClusterOpts {
+    let cluster = Cluster::start(ClusterOpts {
         nodes: 3,
-        jetstream: false,
         publisher_node: true,
         ..Default::default()
     })
     .await;
     let proxy = TestProxy::start(&cluster.urls()).await;
     let events = Arc::new(Mutex::new(Vec::new()));
-    let c = client(&proxy.url(), "victim", events.clone()).await;
+    let c = client(&proxy.url(), name, events.clone()).await;
     let publisher = async_nats::connect(cluster.publisher.as_ref().unwrap().url())
         .await
         .unwrap();
@@ -351,7 +360,7 @@ async fn fault_of_current_node(stop_node: bool) -> Duration {
         "connz to show the proxy's link",
         async {
             loop {
-                if let Some(i) = cluster.node_of_client("victim").await {
+                if let Some(i) = cluster.node_of_client(name).await {
                     return i;
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -359,7 +368,29 @@ async fn fault_of_current_node(stop_node: bool) -> Duration {
         },
     )
     .await;
+    OnNode {
+        cluster,
+        proxy,
+        events,
+        publisher,
+        sub,
+        node,
+        _client: c,
+    }
+}
 
+/// Shared body of the SIGKILL and SIGSTOP tests: returns the time from the fault to the
+/// first message received that was published after it.
+async fn fault_of_current_node(stop_node: bool) -> Duration {
+    let OnNode {
+        mut cluster,
+        proxy,
+        events,
+        publisher,
+        sub,
+        node,
+        _client,
+    } = core_client_on_a_node("victim").await;
     let seq = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let stop_at = Arc::new(AtomicU64::new(u64::MAX));
@@ -756,30 +787,15 @@ async fn an_idle_subscription_loses_nothing_when_the_new_nodes_interest_comes_la
 /// no migration, no failover.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_node_costs_at_most_300_messages_and_a_stall_moves_nothing() {
-    init_logs();
-    let cluster = Cluster::start(ClusterOpts {
-        nodes: 3,
-        publisher_node: true,
-        ..Default::default()
-    })
-    .await;
-    let proxy = TestProxy::start(&cluster.urls()).await;
-    let events = Arc::new(Mutex::new(Vec::new()));
-    let c = client(&proxy.url(), "frozen", events.clone()).await;
-    let publisher = async_nats::connect(cluster.publisher.as_ref().unwrap().url())
-        .await
-        .unwrap();
-    let mut sub = c.subscribe("data").await.unwrap();
-    wait_flowing(&publisher, "data", &mut sub).await;
-    let node = within(Duration::from_secs(5), "the proxy's node", async {
-        loop {
-            if let Some(i) = cluster.node_of_client("frozen").await {
-                return i;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    let OnNode {
+        cluster,
+        proxy,
+        events,
+        publisher,
+        sub,
+        node,
+        _client,
+    } = core_client_on_a_node("frozen").await;
     let seq = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let stop_at = Arc::new(AtomicU64::new(u64::MAX));
