@@ -12,6 +12,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::session::SHIELDED_CODES;
+
 /// `node` label: the upstream's `host:port`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeLabel {
@@ -34,6 +36,12 @@ pub struct DirectionLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VersionLabel {
     pub version: &'static str,
+}
+
+/// `code` label: a JetStream status code (`409`, `503`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    pub code: &'static str,
 }
 
 /// `buffer` label: client_out, upstream_out, backlog, hold.
@@ -67,11 +75,16 @@ pub struct Stats {
     pub migrations: Counter,
     /// Primaries lost without warning.
     pub failovers: Counter,
+    /// Failovers in the middle of a make-before-break migration.
+    pub migrations_failed: Counter,
+    /// When this process started (Unix seconds): a change means a restart.
+    pub start_time_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// Standbys brought up on suspicion (a PING unanswered for `hedge_after`).
     pub hedges: Counter,
     pub subs_replayed: Counter,
     pub pulls_reissued: Counter,
-    pub statuses_shielded: Counter,
+    /// Statuses kept from clients, by code (the series are in [`Hot::shielded`]).
+    pub statuses_shielded: Family<CodeLabel, Counter>,
     pub redeliveries_acked: Counter,
     pub heartbeats_amended: Counter,
     pub duplicates_suppressed: Counter,
@@ -86,6 +99,15 @@ pub struct Stats {
     pub sessions_with_upstream: Gauge,
     /// Sessions moving off a lame-duck node now (paces their dials).
     pub sessions_migrating: Gauge,
+    /// Sessions in an outage now: their upstream lost, no other carrying their traffic.
+    pub sessions_without_upstream: Gauge,
+    /// How long outages lasted (loss to traffic on a new upstream, or to the close at
+    /// `--max-outage`).
+    pub outage_seconds: Histogram,
+    /// Pull requests held unplaced now (consumer away or moved, link lost).
+    pub pulls_unplaced: Gauge,
+    /// Time from a pull request found lost to its full placement again.
+    pub pull_replacement_seconds: Histogram,
     /// 1 when /readyz answers 200.
     pub ready: Gauge,
     /// Longest lame-duck-INFO-to-switch time seen, in microseconds.
@@ -109,6 +131,8 @@ pub struct Hot {
     pub bytes_to_upstream: Counter,
     /// client_out, upstream_out, backlog, hold (as `BUFFERS`).
     pub buffers: [Gauge; 4],
+    /// Shielded statuses, by code in the order of [`SHIELDED_CODES`].
+    pub shielded: [Counter; SHIELDED_CODES.len()],
 }
 
 /// Bound of [`Stats::recent_switches`]; past it the oldest is dropped.
@@ -157,7 +181,13 @@ impl Stats {
         let bytes_to_client = counter(&bytes, "upstream_to_client");
         let bytes_to_upstream = counter(&bytes, "client_to_upstream");
         let buffers = BUFFERS.map(|b| gauge(&buffered_bytes, b));
+        let statuses_shielded: Family<CodeLabel, Counter> = Family::default();
+        let shielded = SHIELDED_CODES.map(|code| {
+            let c = statuses_shielded.get_or_create(&CodeLabel { code }).clone();
+            c
+        });
         let hot = Hot {
+            shielded,
             msgs_to_client,
             msgs_to_upstream,
             bytes_to_client,
@@ -176,10 +206,12 @@ impl Stats {
             migration_seconds: Family::new_with_constructor(duration_histogram),
             migrations: Counter::default(),
             failovers: Counter::default(),
+            migrations_failed: Counter::default(),
+            start_time_seconds: Gauge::default(),
             hedges: Counter::default(),
             subs_replayed: Counter::default(),
             pulls_reissued: Counter::default(),
-            statuses_shielded: Counter::default(),
+            statuses_shielded,
             redeliveries_acked: Counter::default(),
             heartbeats_amended: Counter::default(),
             duplicates_suppressed: Counter::default(),
@@ -193,6 +225,10 @@ impl Stats {
             upstream_rtt_seconds: duration_histogram(),
             sessions_with_upstream: Gauge::default(),
             sessions_migrating: Gauge::default(),
+            sessions_without_upstream: Gauge::default(),
+            outage_seconds: duration_histogram(),
+            pulls_unplaced: Gauge::default(),
+            pull_replacement_seconds: duration_histogram(),
             ready: Gauge::default(),
             max_switch_us: AtomicU64::new(0),
             recent_switches: Default::default(),
@@ -240,6 +276,31 @@ impl Stats {
             s.migrations_by_reason.clone(),
         );
         r.register(
+            "migrations",
+            "Make-before-break migrations completed (client traffic switched to a new upstream behind a PING barrier)",
+            s.migrations.clone(),
+        );
+        r.register(
+            "failovers",
+            "Upstreams lost without warning (closed, reset, silent, or not NATS): the session moved to another node with an outage",
+            s.failovers.clone(),
+        );
+        r.register(
+            "migrations_failed",
+            "Failovers in the middle of a make-before-break migration (its new or old link died before the move was complete)",
+            s.migrations_failed.clone(),
+        );
+        s.start_time_seconds.set(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+        );
+        r.register(
+            "start_time_seconds",
+            "When this natsproxy process started, in Unix seconds (a change is a restart)",
+            s.start_time_seconds.clone(),
+        );
+        r.register(
             "hedges",
             "Standby links brought up because the upstream was slow to answer a PING (--hedge-after)",
             s.hedges.clone(),
@@ -261,7 +322,7 @@ impl Stats {
         );
         r.register(
             "statuses_shielded",
-            "JetStream statuses kept from clients (503 and others their library turns into errors)",
+            "JetStream statuses kept from clients because their library would turn them into errors, by code (409 Leadership Change or Server Shutdown, 503 no responders)",
             s.statuses_shielded.clone(),
         );
         r.register(
@@ -320,6 +381,26 @@ impl Stats {
             "Client sessions moving off a lame-duck node now",
             s.sessions_migrating.clone(),
         );
+        r.register(
+            "sessions_without_upstream",
+            "Client sessions in an outage now: their upstream lost without warning, no other node carrying their traffic yet",
+            s.sessions_without_upstream.clone(),
+        );
+        r.register(
+            "outage_duration_seconds",
+            "How long outages lasted: from the upstream's loss to traffic on a new one (or to the client's close at --max-outage)",
+            s.outage_seconds.clone(),
+        );
+        r.register(
+            "pull_requests_unplaced",
+            "JetStream pull requests the proxy holds unplaced now (their consumer away or moving, their link lost)",
+            s.pulls_unplaced.clone(),
+        );
+        r.register(
+            "pull_request_replacement_seconds",
+            "Time from a pull request found lost (leader moved, link lost, heartbeats missed) to its placement again",
+            s.pull_replacement_seconds.clone(),
+        );
         r.register("ready", "1 when /readyz answers 200", s.ready.clone());
         // Which version runs where, across a fleet: one series, always 1.
         let build_info: Family<VersionLabel, Gauge> = Family::default();
@@ -334,6 +415,11 @@ impl Stats {
             build_info,
         );
         Stats { registry: r, ..s }
+    }
+
+    /// Statuses kept from clients, every code.
+    pub fn statuses_shielded_total(&self) -> u64 {
+        self.hot.shielded.iter().map(Counter::get).sum()
     }
 
     /// The Prometheus text exposition of every metric.
@@ -356,6 +442,11 @@ impl Stats {
         };
         add(&self.migrations, before.migrations, now.migrations);
         add(&self.failovers, before.failovers, now.failovers);
+        add(
+            &self.migrations_failed,
+            before.migrations_failed,
+            now.migrations_failed,
+        );
         add(&self.hedges, before.hedges, now.hedges);
         add(&self.subs_replayed, before.subs_replayed, now.subs_replayed);
         add(
@@ -378,11 +469,9 @@ impl Stats {
             before.pulls_reissued,
             now.pulls_reissued,
         );
-        add(
-            &self.statuses_shielded,
-            before.statuses_shielded,
-            now.statuses_shielded,
-        );
+        for (i, c) in self.hot.shielded.iter().enumerate() {
+            add(c, before.statuses_shielded[i], now.statuses_shielded[i]);
+        }
         add(
             &self.redeliveries_acked,
             before.redeliveries_acked,

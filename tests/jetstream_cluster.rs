@@ -183,7 +183,7 @@ fn report(what: &str, seen: &Shared, published: u64, proxy: Option<&TestProxy>) 
         format!(
             "; pulls re-issued {}, statuses shielded {}, migrations {}, failovers {}",
             p.stats.pulls_reissued.get(),
-            p.stats.statuses_shielded.get(),
+            p.stats.statuses_shielded_total(),
             p.stats.migrations.get(),
             p.stats.failovers.get()
         )
@@ -383,6 +383,12 @@ async fn r1_consumer_on_the_lame_duck_node_resumes_when_it_returns() {
         None,
         "Err item while the node was away"
     );
+    // The operator's view: the request is held unplaced while its consumer is away.
+    assert!(
+        proxy.stats.pulls_unplaced.get() >= 1,
+        "pull_requests_unplaced while the consumer is away: {}",
+        proxy.stats.pulls_unplaced.get()
+    );
     cluster.restart(0).await;
     let back = Instant::now();
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -393,6 +399,18 @@ async fn r1_consumer_on_the_lame_duck_node_resumes_when_it_returns() {
     println!(
         "consumption complete {:?} after the node returned",
         back.elapsed()
+    );
+    // Placed again: nothing held, and the re-placement's time observed (from the loss of
+    // the request out when the node returned: Vector's requests last 30 s, so it was
+    // lost for seconds).
+    assert_eq!(proxy.stats.pulls_unplaced.get(), 0);
+    let text = proxy.stats.encode();
+    let count = metric(&text, "natsproxy_pull_request_replacement_seconds_count").unwrap_or(0.0);
+    let sum = metric(&text, "natsproxy_pull_request_replacement_seconds_sum").unwrap_or(0.0);
+    println!("pull re-placements observed: {count}, {sum:.1} s in all");
+    assert!(
+        count >= 1.0 && sum >= 30.0,
+        "re-placement time: {count} observed, {sum} s"
     );
     report(
         "R1 consumer on the lame-duck node",

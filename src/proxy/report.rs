@@ -26,6 +26,8 @@ pub(super) struct Reported {
     buffers: [i64; 4],
     has_upstream: bool,
     migrating: bool,
+    outage: bool,
+    unplaced: i64,
     bytes_to_client: u64,
     bytes_to_upstream: u64,
 }
@@ -52,6 +54,10 @@ impl Reported {
                     st.record_switch(took);
                 }
                 SessionEvent::Rtt(d) => st.upstream_rtt_seconds.observe(d.as_secs_f64()),
+                SessionEvent::OutageEnded(d) => st.outage_seconds.observe(d.as_secs_f64()),
+                SessionEvent::PullReplaced(d) => {
+                    st.pull_replacement_seconds.observe(d.as_secs_f64())
+                }
             }
         }
         let (backlog, hold) = session.buffered();
@@ -79,6 +85,20 @@ impl Reported {
                 st.sessions_migrating.dec();
             }
             self.migrating = migrating;
+        }
+        let outage = session.in_outage();
+        if outage != self.outage {
+            if outage {
+                st.sessions_without_upstream.inc();
+            } else {
+                st.sessions_without_upstream.dec();
+            }
+            self.outage = outage;
+        }
+        let unplaced = session.pulls_unplaced() as i64;
+        if unplaced != self.unplaced {
+            st.pulls_unplaced.inc_by(unplaced - self.unplaced);
+            self.unplaced = unplaced;
         }
         if h.bytes_to_client != self.bytes_to_client {
             st.hot
@@ -109,6 +129,12 @@ impl Reported {
             st.sessions_migrating.dec();
             self.migrating = false;
         }
+        if self.outage {
+            st.sessions_without_upstream.dec();
+            self.outage = false;
+        }
+        st.pulls_unplaced.dec_by(self.unplaced);
+        self.unplaced = 0;
     }
 }
 

@@ -269,10 +269,12 @@ impl Session {
             return;
         }
         if !self.pulls.is_empty() {
-            match self.pulls.on_message(&m, self.now) {
+            let shield = self.pulls.on_message(&m, self.now);
+            self.report_replaced_pulls();
+            match shield {
                 Shield::Forward => {}
                 Shield::Hide => {
-                    self.stats.statuses_shielded += 1;
+                    self.stats.count_shielded(m.status().unwrap_or(0));
                     info!(status = %String::from_utf8_lossy(m.headers().split(|&c| c == b'\r').next().unwrap_or_default()),
                         sid = %String::from_utf8_lossy(m.sid()), "shielded a JetStream status from the client");
                     return;

@@ -83,7 +83,7 @@ pub use action::{Action, CloseReason, Epoch};
 pub use backlog::{CONFIRM_BYTES, CONFIRM_DELAY};
 pub use config::*;
 pub use dial_window::{DIAL_WINDOW, MAX_DIALS_PER_WINDOW};
-pub use stats::{MoveReason, SessionEvent, SessionStats, MAX_EVENTS};
+pub use stats::{MoveReason, SessionEvent, SessionStats, MAX_EVENTS, SHIELDED_CODES};
 
 #[cfg(test)]
 mod tests;
@@ -310,6 +310,21 @@ impl Session {
         self.events.push_back(e);
     }
 
+    /// True in an outage: the primary was lost without warning and no other link carries
+    /// the client's traffic yet.
+    pub fn in_outage(&self) -> bool {
+        matches!(self.phase, Phase::Outage { .. })
+    }
+
+    /// Pull requests held unplaced now (their consumer away or moved, their link lost).
+    pub fn pulls_unplaced(&self) -> usize {
+        if self.pulls.is_empty() {
+            0
+        } else {
+            self.pulls.unplaced()
+        }
+    }
+
     /// True when the client's traffic has a working upstream now.
     pub fn has_upstream(&self) -> bool {
         self.links.primary().is_some_and(Link::established)
@@ -396,6 +411,7 @@ impl Session {
                 if !self.pulls.is_empty() {
                     let reply = v.reply.map(|r| &buf[run..][r.range()]);
                     self.pulls.on_delivery(sid, reply, v.size(), now);
+                    self.report_replaced_pulls();
                 }
                 self.subs.delivered(sid);
                 self.stats.msgs_to_client += 1;

@@ -459,7 +459,11 @@ impl Session {
         }
         let from = match std::mem::replace(&mut self.phase, Phase::Steady) {
             // A move already under way keeps its reason and start.
-            Phase::Migrating(m, _) | Phase::Outage { from: m, .. } => m,
+            Phase::Migrating(m, _) => {
+                self.stats.migrations_failed += 1;
+                m
+            }
+            Phase::Outage { from: m, .. } => m,
             // A hedge: traffic was in doubt since the suspicion.
             Phase::Hedging { since } => Move {
                 reason,
@@ -511,10 +515,12 @@ impl Session {
             return;
         };
         match std::mem::replace(&mut self.phase, Phase::Steady) {
-            Phase::Outage { from: m, .. } => {
+            Phase::Outage { from: m, since } => {
                 let took = self.now.saturating_duration_since(m.started);
+                let outage = self.now.saturating_duration_since(since);
                 info!(reason = %m.reason, from = %m.from, to = %p.addr, resumed_ms = took.as_millis() as u64,
-                    subscriptions = self.subs.len(), "failover: traffic resumed on a new upstream");
+                    outage_ms = outage.as_millis() as u64, subscriptions = self.subs.len(), "failover: traffic resumed on a new upstream");
+                self.event(SessionEvent::OutageEnded(outage));
                 self.event(SessionEvent::Moved {
                     reason: m.reason,
                     took,

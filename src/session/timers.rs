@@ -15,7 +15,7 @@ use super::action::{Action, CloseReason};
 use super::link::PingOwner;
 use super::links::Role;
 use super::phase::Phase;
-use super::stats::MoveReason;
+use super::stats::{MoveReason, SessionEvent};
 use super::{ClientState, Session};
 use crate::proto::encode;
 
@@ -122,6 +122,10 @@ impl Session {
             Timer::Pulls => self.reissue_due_pulls(),
             Timer::Linger => self.linger_due(),
             Timer::Outage => {
+                if let Phase::Outage { since, .. } = self.phase {
+                    let outage = now.saturating_duration_since(since);
+                    self.event(SessionEvent::OutageEnded(outage));
+                }
                 let secs = self.cfg.max_outage.as_secs();
                 warn!(secs, "no upstream reachable; closing client");
                 let text = format!("natsproxy: no NATS server reachable for {secs}s");

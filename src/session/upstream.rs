@@ -387,5 +387,13 @@ impl Session {
         if placed {
             self.confirm_publishes();
         }
+        self.report_replaced_pulls();
+    }
+
+    /// Reports the lost pull requests the tracker saw served again.
+    pub(super) fn report_replaced_pulls(&mut self) {
+        while let Some(d) = self.pulls.poll_replaced() {
+            self.event(SessionEvent::PullReplaced(d));
+        }
     }
 }

@@ -94,6 +94,9 @@ pub(super) struct Request {
     /// The current placement is the client's own frame, unchanged.
     pub(super) as_sent: bool,
     pub(super) phase: Phase,
+    /// When the request was found lost (its leader moved, its link failed, its
+    /// heartbeats stopped); cleared by its next full placement, which reports the time.
+    pub(super) lost_at: Option<Instant>,
 }
 
 /// What is due for one request, and when.
@@ -112,6 +115,13 @@ pub(super) enum Due {
 }
 
 impl Request {
+    /// Live ─ lost (`ConsumerMoved`, heartbeats missed, link failed) ─► Unplaced: the
+    /// first loss since the last full placement starts the re-placement clock.
+    pub(super) fn lose(&mut self, at: Instant, next: Placement, now: Instant) {
+        self.lost_at.get_or_insert(now);
+        self.phase = Phase::Unplaced { at, next };
+    }
+
     pub(super) fn placed(&self) -> bool {
         !matches!(self.phase, Phase::Unplaced { .. })
     }
@@ -165,8 +175,9 @@ impl Request {
     }
 }
 
-/// Places `r` upstream now: the frame, and its new phase.
-pub(super) fn place(r: &mut Request, how: Placement, now: Instant) -> Bytes {
+/// Places `r` upstream now: the frame, and its new phase; for a full placement of a
+/// request that was lost, also how long it had been lost.
+pub(super) fn place(r: &mut Request, how: Placement, now: Instant) -> (Bytes, Option<Duration>) {
     let remaining = r.remaining(now);
     let (expires, hb) = match how {
         Placement::Probe => (
@@ -185,9 +196,11 @@ pub(super) fn place(r: &mut Request, how: Placement, now: Instant) -> Bytes {
     let frame =
         request::encode_placement(&r.api_subject, &r.reply, r.headers.as_deref(), &r.body, ask);
     r.as_sent = false;
+    let mut lost_for = None;
     r.phase = match how {
         Placement::Full => {
             r.hb = hb;
+            lost_for = r.lost_at.take().map(|t| now.saturating_duration_since(t));
             Phase::Live { placed: now }
         }
         Placement::Probe => Phase::Probing {
@@ -195,5 +208,5 @@ pub(super) fn place(r: &mut Request, how: Placement, now: Instant) -> Bytes {
             answered: false,
         },
     };
-    frame
+    (frame, lost_for)
 }

@@ -582,3 +582,48 @@ fn an_unanswered_no_wait_request_without_expiry_is_forgotten_quietly() {
     assert!(out.is_empty(), "{out:?}");
     assert!(t.is_empty());
 }
+
+#[test]
+fn a_lost_requests_time_until_it_is_served_again_is_reported_once() {
+    let replaced =
+        |t: &mut PullTracker| std::iter::from_fn(|| t.poll_replaced()).collect::<Vec<_>>();
+    let t0 = Instant::now();
+    let mut t = PullTracker::default();
+    request(&mut t, VECTOR_BODY, t0);
+    assert_eq!(t.unplaced(), 0);
+    let t1 = t0 + Duration::from_secs(1);
+    assert_eq!(
+        t.on_message(&status("1", "409 Leadership Change"), t1),
+        Shield::Hide
+    );
+    assert_eq!(t.unplaced(), 1, "lost: unplaced");
+    // The probe is not yet the end of the gap, and the request still counts as
+    // unplaced while it only probes.
+    assert_eq!(upstream(&t.on_timeout(t1, true)).len(), 1);
+    assert!(replaced(&mut t).is_empty());
+    assert_eq!(t.unplaced(), 1, "probing");
+    // The consumer answers the probe: served again, reported once.
+    let t2 = t1 + PROBE_EXPIRES;
+    let end = "408 Request Timeout\r\nNats-Pending-Messages: 200\r\nNats-Pending-Bytes: 0";
+    assert_eq!(t.on_message(&status("1", end), t2), Shield::Swallow);
+    assert_eq!(replaced(&mut t), [t2 - t1]);
+    assert_eq!(
+        upstream(&t.on_timeout(t2, true)).len(),
+        1,
+        "the full placement"
+    );
+    assert!(replaced(&mut t).is_empty(), "not twice");
+    assert_eq!(t.unplaced(), 0, "placed in full");
+    // Lost again later with its link: the clock starts at that loss; a delivery on the
+    // probe ends the gap.
+    let t3 = t2 + Duration::from_secs(2);
+    t.all_lost(t3);
+    assert_eq!(t.unplaced(), 1);
+    assert_eq!(upstream(&t.on_timeout(t3, true)).len(), 1);
+    let t4 = t3 + Duration::from_millis(30);
+    assert_eq!(t.on_message(&delivery("1", 1), t4), Shield::Forward);
+    assert_eq!(replaced(&mut t), [t4 - t3]);
+    run_until(&mut t, t4 + PROBE_EXPIRES + PROBE_GRACE, true);
+    assert!(replaced(&mut t).is_empty());
+    assert_eq!(t.unplaced(), 0);
+}

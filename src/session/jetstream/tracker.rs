@@ -60,10 +60,14 @@ impl Inbox {
 
     /// The consumer answered: a probe has done its job, and requests waiting for a
     /// probe turn can be placed in full.
-    fn consumer_answered(&mut self, now: Instant) {
+    fn consumer_answered(&mut self, now: Instant, replaced: &mut Replaced) {
         for r in self.requests.iter_mut() {
             match &mut r.phase {
-                Phase::Probing { answered, .. } => *answered = true,
+                Phase::Probing { answered, .. } => {
+                    *answered = true;
+                    // The consumer serves it again: the gap it stood for ends here.
+                    replaced.extend(r.lost_at.take().map(|t| now.saturating_duration_since(t)));
+                }
                 Phase::Unplaced { at, next } if *next == Placement::Probe => {
                     *at = now;
                     *next = Placement::Full;
@@ -101,6 +105,26 @@ pub enum PullAction {
 #[derive(Debug, Default)]
 pub struct PullTracker {
     inboxes: HashMap<Bytes, Inbox>,
+    /// Lost requests served again since the last [`Self::poll_replaced`]: how long each
+    /// was lost. At most [`MAX_REPLACED`]; past it the oldest is dropped.
+    replaced: Replaced,
+}
+
+/// Bound of [`PullTracker::poll_replaced`]'s queue.
+pub const MAX_REPLACED: usize = 64;
+
+#[derive(Debug, Default)]
+struct Replaced(VecDeque<Duration>);
+
+impl Extend<Duration> for Replaced {
+    fn extend<T: IntoIterator<Item = Duration>>(&mut self, it: T) {
+        for d in it {
+            if self.0.len() >= MAX_REPLACED {
+                self.0.pop_front();
+            }
+            self.0.push_back(d);
+        }
+    }
 }
 
 impl PullTracker {
@@ -117,6 +141,21 @@ impl PullTracker {
     /// Requests tracked now.
     pub fn len(&self) -> usize {
         self.inboxes.values().map(|i| i.requests.len()).sum()
+    }
+
+    /// The next lost request served again: how long from its loss to the first answer of
+    /// its consumer (a probe's delivery or status) or to its full placement.
+    pub fn poll_replaced(&mut self) -> Option<Duration> {
+        self.replaced.0.pop_front()
+    }
+
+    /// Requests known not to be placed in full now (Unplaced, or only probing).
+    pub fn unplaced(&self) -> usize {
+        self.inboxes
+            .values()
+            .flat_map(|i| i.requests.iter())
+            .filter(|r| !matches!(r.phase, Phase::Live { .. }))
+            .count()
     }
 
     /// The phases of the requests on `sid`, oldest first (for tests).
@@ -165,6 +204,7 @@ impl PullTracker {
             no_hb: false,
             as_sent: rewritten.is_none(),
             phase: Phase::Live { placed: now },
+            lost_at: None,
             body,
         };
         let inbox = self.inboxes.entry(sid).or_insert_with(|| Inbox {
@@ -213,7 +253,7 @@ impl PullTracker {
                 inbox.last = s;
             }
         }
-        inbox.consumer_answered(now);
+        inbox.consumer_answered(now, &mut self.replaced);
         if let Some(i) = inbox.requests.iter().position(Request::placed) {
             let r = &mut inbox.requests[i];
             r.batch_left = r.batch_left.saturating_sub(1);
@@ -242,7 +282,7 @@ impl PullTracker {
         let reply = m.subject();
         let shield = match status {
             PullStatus::Heartbeat => {
-                inbox.consumer_answered(now);
+                inbox.consumer_answered(now, &mut self.replaced);
                 if inbox.client_hb().is_some() {
                     Shield::Forward
                 } else {
@@ -250,7 +290,7 @@ impl PullTracker {
                 }
             }
             PullStatus::Ended => {
-                inbox.consumer_answered(now);
+                inbox.consumer_answered(now, &mut self.replaced);
                 match inbox.placed_on(reply, false) {
                     Some(i) => ended(inbox, i, now),
                     None => Shield::Forward,
@@ -269,7 +309,7 @@ impl PullTracker {
                     let r = &mut inbox.requests[i];
                     // A no_wait request is answered at once rather than waited for.
                     let at = if r.body.no_wait { now } else { at };
-                    r.phase = Phase::Unplaced { at, next };
+                    r.lose(at, next, now);
                 }
                 Shield::Hide
             }
@@ -316,10 +356,7 @@ impl PullTracker {
     pub fn all_lost(&mut self, now: Instant) {
         for inbox in self.inboxes.values_mut() {
             for r in inbox.requests.iter_mut().filter(|r| r.placed()) {
-                r.phase = Phase::Unplaced {
-                    at: now,
-                    next: Placement::Probe,
-                };
+                r.lose(now, Placement::Probe, now);
             }
             inbox.upstream_seen = now;
         }
@@ -381,12 +418,7 @@ impl PullTracker {
                         inbox.requests.remove(i);
                         continue;
                     }
-                    Due::HeartbeatsMissed => {
-                        r.phase = Phase::Unplaced {
-                            at: now,
-                            next: Placement::Probe,
-                        };
-                    }
+                    Due::HeartbeatsMissed => r.lose(now, Placement::Probe, now),
                     Due::ProbeUnanswered => {
                         let answered = matches!(r.phase, Phase::Probing { answered: true, .. });
                         r.phase = Phase::Unplaced {
@@ -407,7 +439,9 @@ impl PullTracker {
                         continue;
                     }
                     Due::Place(how) => {
-                        out.push(PullAction::Reissue(place(r, how, now)));
+                        let (frame, lost_for) = place(r, how, now);
+                        self.replaced.extend(lost_for);
+                        out.push(PullAction::Reissue(frame));
                     }
                 }
                 // The phase changed; look at this request again.

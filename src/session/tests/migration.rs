@@ -96,10 +96,13 @@ fn hard_failover_buffers_answers_pings_and_resends_unconfirmed() {
     assert_eq!(to_upstream(&a), b"PUB acks 1\r\na\r\n");
     // The link dies before its confirmation: the publish is unconfirmed.
     h.s.handle_upstream_lost(Epoch(1), h.now);
+    let lost = h.now;
+    assert!(h.s.in_outage());
     let a = h.actions();
     let (e2, _) = dial_of(&a).expect("redial");
     // Meanwhile the client's PINGs are answered and its publishes buffered.
     let a = h.client(b"PING\r\nPUB acks 1\r\nb\r\n");
+    h.now += Duration::from_millis(40);
     assert_eq!(to_client(&a), b"PONG\r\n");
     assert_eq!(to_upstream(&a), b"");
     h.s.handle_upstream_connected(e2, h.now);
@@ -112,6 +115,12 @@ fn hard_failover_buffers_answers_pings_and_resends_unconfirmed() {
     assert_eq!(h.s.stats().failovers, 1);
     assert_eq!(h.s.stats().publishes_resent, 1);
     assert!(!h.s.is_closed());
+    assert!(!h.s.in_outage());
+    let events: Vec<_> = std::iter::from_fn(|| h.s.poll_event()).collect();
+    assert!(
+        events.contains(&SessionEvent::OutageEnded(h.now - lost)),
+        "{events:?}"
+    );
 }
 
 #[test]
@@ -142,6 +151,11 @@ fn dial_failures_back_off_and_outage_ends_with_err() {
         }
     }
     assert!(h.s.is_closed());
+    let events: Vec<_> = std::iter::from_fn(|| h.s.poll_event()).collect();
+    assert!(
+        events.contains(&SessionEvent::OutageEnded(DEFAULT_MAX_OUTAGE)),
+        "the outage that closed the client is reported: {events:?}"
+    );
     assert!(dials > 10, "{dials}");
     assert!(
         last_gap <= DEFAULT_BACKOFF_MAX + DEFAULT_BACKOFF_MAX / 10,
@@ -251,7 +265,8 @@ fn a_jetstream_delivery_arriving_on_both_links_is_forwarded_once() {
     let a = h.upstream(2, hb);
     assert_eq!(a, vec![], "swallowed, and the link is fine");
     assert_eq!(h.s.upstream_addr(), Some("x:1"));
-    assert_eq!(h.s.stats().statuses_shielded, 1);
+    assert_eq!(h.s.stats().statuses_shielded_total(), 1);
+    assert_eq!(h.s.stats().statuses_shielded, [0, 1], "counted under 503");
 }
 
 #[test]
