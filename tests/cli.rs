@@ -617,3 +617,100 @@ async fn human_logs_to_a_pipe_carry_no_colour_codes() {
         assert!(!logs.contains('\x1b'), "colour codes in a pipe: {logs:?}");
     }
 }
+
+/// A migration and a failover are one JSON log line each, with the fields a log pipeline
+/// filters on: from, to, reason, and the switch or outage time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_and_a_failover_are_one_log_line_each_with_their_fields() {
+    use common::cluster::{Cluster, ClusterOpts};
+    let mut cluster = Cluster::start(ClusterOpts {
+        nodes: 3,
+        ..Default::default()
+    })
+    .await;
+    let dir = TempDir::new("loglines");
+    let log_path = dir.0.join("natsproxy.log");
+    let port = free_port();
+    let mut child = Command::new(BIN)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--upstream", &cluster.urls().join(",")])
+        .args(["--log-format", "json", "--shutdown-grace", "0s"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let url = format!("nats://127.0.0.1:{port}");
+    let client = within(Duration::from_secs(10), "proxy to listen", async {
+        loop {
+            let c = async_nats::ConnectOptions::new()
+                .name("logline")
+                .connect(&url)
+                .await;
+            if let Ok(c) = c {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let _sub = client.subscribe("log.lines").await.unwrap();
+    client.flush().await.unwrap();
+    // The first lines whose message starts with `message`.
+    let line_of = |message: &'static str| {
+        let log_path = log_path.clone();
+        async move {
+            within(Duration::from_secs(30), message, async {
+                loop {
+                    let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+                    let found: Vec<serde_json::Value> = text
+                        .lines()
+                        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                        .filter(|v| {
+                            v["message"]
+                                .as_str()
+                                .is_some_and(|m| m.starts_with(message))
+                        })
+                        .collect();
+                    if !found.is_empty() {
+                        return found;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+            .await
+        }
+    };
+    let node = |cluster: &Cluster, i: usize| cluster.nodes[i].addr();
+    let i = within(Duration::from_secs(10), "the client's node", async {
+        loop {
+            if let Some(i) = cluster.node_of_client("logline").await {
+                return i;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    cluster.lame_duck(i);
+    let migrated = line_of("migrated to a new upstream").await;
+    assert_eq!(migrated.len(), 1, "one line: {migrated:?}");
+    let m = &migrated[0];
+    assert_eq!(m["reason"], "ldm", "{m}");
+    assert_eq!(m["from"], node(&cluster, i).as_str(), "{m}");
+    assert!(m["to"].as_str().is_some_and(|t| t != m["from"]), "{m}");
+    assert!(m["switch_ms"].is_u64(), "{m}");
+    let to = m["to"].as_str().unwrap().to_string();
+    line_of("migration complete").await;
+    let j = (0..3)
+        .find(|&j| node(&cluster, j) == to)
+        .expect("to is a node");
+    cluster.kill(j);
+    let failed = line_of("failover: traffic resumed on a new upstream").await;
+    assert_eq!(failed.len(), 1, "one line: {failed:?}");
+    let f = &failed[0];
+    assert_eq!(f["reason"], "closed", "{f}");
+    assert_eq!(f["from"], to.as_str(), "{f}");
+    assert!(f["to"].as_str().is_some_and(|t| t != to), "{f}");
+    assert!(f["resumed_ms"].is_u64() && f["outage_ms"].is_u64(), "{f}");
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -17,25 +17,6 @@ fn toml_json(text: &str) -> serde_json::Value {
     serde_json::to_value(v).unwrap()
 }
 
-/// YAML documents as JSON, parsed by PyYAML (installed by .ci/run).
-fn yaml_docs(path: &Path) -> Vec<serde_json::Value> {
-    let out = Command::new(python())
-        .args([
-            "-c",
-            "import json,sys,yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))",
-        ])
-        .arg(path)
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "{} does not parse: {}",
-        path.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 fn vector_config() -> serde_json::Value {
     toml_json(&std::fs::read_to_string(repo("deploy/vector/vector.toml")).unwrap())
 }
@@ -341,4 +322,46 @@ fn setup_script_falls_back_to_a_virtual_environment() {
         .unwrap();
     let v = String::from_utf8_lossy(&server.stdout);
     assert!(v.contains("v2.15") || v.contains("v2.16"), "{v}");
+}
+
+#[test]
+fn prometheus_operator_objects_scrape_the_sidecar_and_carry_the_rule_file() {
+    let docs = yaml_docs(&repo("deploy/kubernetes/natsproxy-monitoring.yaml"));
+    let kind = |k: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == k)
+            .unwrap_or_else(|| panic!("{k}"))
+    };
+    let pm = kind("PodMonitor");
+    let rule = kind("PrometheusRule");
+    for d in [pm, rule] {
+        assert_eq!(d["apiVersion"], "monitoring.coreos.com/v1");
+        assert!(d["metadata"]["name"].is_string());
+    }
+    // The PodMonitor selects the Deployment's pods and scrapes the sidecar's port.
+    let app = yaml_docs(&repo("deploy/kubernetes/vector-with-natsproxy.yaml"));
+    let dep = app.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    assert_eq!(
+        pm["spec"]["selector"]["matchLabels"],
+        dep["spec"]["selector"]["matchLabels"]
+    );
+    let endpoint = &pm["spec"]["podMetricsEndpoints"][0];
+    let sidecar = dep["spec"]["template"]["spec"]["initContainers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "natsproxy")
+        .unwrap();
+    assert!(
+        sidecar["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == endpoint["port"]),
+        "the sidecar exposes the port the PodMonitor scrapes"
+    );
+    assert_eq!(endpoint["path"], "/metrics");
+    // The PrometheusRule is the rule file that promtool tests.
+    let file = &yaml_docs(&repo("deploy/prometheus/natsproxy-rules.yaml"))[0];
+    assert_eq!(rule["spec"]["groups"], file["groups"]);
 }

@@ -459,6 +459,13 @@ impl Session {
         }
         let from = match std::mem::replace(&mut self.phase, Phase::Steady) {
             // A move already under way keeps its reason and start.
+            // The switch was done: the new primary's loss is a failover of its own.
+            Phase::Migrating(_, Step::Draining { .. }) => Move {
+                reason,
+                started: now,
+                from: dead.addr.clone(),
+            },
+            // Before the switch: the migration failed, and its clock keeps running.
             Phase::Migrating(m, _) => {
                 self.stats.migrations_failed += 1;
                 m

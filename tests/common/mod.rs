@@ -359,6 +359,30 @@ pub async fn raw_exchange(addr: SocketAddr, input: &[u8]) -> (String, bool) {
     )
 }
 
+/// YAML documents as JSON, parsed by PyYAML (installed by `.ci/setup`).
+pub fn yaml_docs(path: &Path) -> Vec<serde_json::Value> {
+    let out = Command::new(python())
+        .args([
+            "-c",
+            "import json,sys,yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))",
+        ])
+        .arg(path)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{} does not parse: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A file of this repository.
+pub fn repo_file(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
+}
+
 /// The value of one sample (`name{labels}`) in a Prometheus text exposition.
 pub fn metric(body: &str, sample: &str) -> Option<f64> {
     body.lines()

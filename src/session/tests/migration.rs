@@ -513,3 +513,34 @@ fn a_queue_group_alone_is_retired_after_the_settle_delay() {
     assert!(unsub_sent(&h.actions()));
     assert!(h.now <= settle);
 }
+
+#[test]
+fn a_node_lost_before_the_switch_is_a_failed_migration_after_it_a_failover_of_its_own() {
+    // Before the switch: the leaving node closes while the new link is still coming up.
+    let mut h = H::connected();
+    h.client(b"SUB foo 1\r\n");
+    let a = h.upstream(1, b"INFO {\"server_id\":\"S\",\"connect_urls\":[\"x:1\",\"127.0.0.1:4222\"],\"ldm\":true} \r\n");
+    assert!(dial_of(&a).is_some());
+    h.s.handle_upstream_lost(Epoch(1), h.now);
+    h.actions();
+    assert_eq!(
+        (h.s.stats().failovers, h.s.stats().migrations_failed),
+        (1, 1)
+    );
+    // After the switch: the new primary's loss is a plain failover.
+    let mut h = H::connected();
+    h.client(b"SUB foo 1\r\n");
+    let a = h.upstream(1, b"INFO {\"server_id\":\"S\",\"connect_urls\":[\"x:1\",\"127.0.0.1:4222\"],\"ldm\":true} \r\n");
+    let (e2, _) = dial_of(&a).expect("dial");
+    h.s.handle_upstream_connected(e2, h.now);
+    h.upstream(2, INFO_B);
+    h.upstream(2, b"PONG\r\nPONG\r\n");
+    h.upstream(1, b"PONG\r\n"); // the switch barrier
+    assert_eq!(h.s.stats().migrations, 1);
+    h.s.handle_upstream_lost(e2, h.now);
+    h.actions();
+    assert_eq!(
+        (h.s.stats().failovers, h.s.stats().migrations_failed),
+        (1, 0)
+    );
+}
