@@ -48,6 +48,11 @@ pub struct DemoArgs {
     /// Messages per second the demo publisher sends.
     #[arg(long, default_value_t = 200)]
     pub rate: u64,
+    /// Show the failure natsproxy prevents instead: an R1 stream's node goes lame duck
+    /// and stays away; two Vector-style consumers side by side, one straight to the
+    /// cluster (it ends at its first error item), one through the proxy (it resumes).
+    #[arg(long)]
+    pub compare: bool,
 }
 
 /// Proxy options. Defaults are applied after the configuration file is read.

@@ -278,6 +278,63 @@ fn demo_runs_to_completion_and_leaves_nothing_behind() {
     );
 }
 
+/// `demo --compare`: the direct consumer must fail (its first error item, or a stall
+/// after the node is back), the proxied one must not; within 90 s, leaving nothing.
+#[test]
+fn demo_compare_shows_the_direct_consumer_fail_and_the_proxied_one_carry_on() {
+    let started = std::time::Instant::now();
+    let child = Command::new(BIN)
+        .args(["demo", "--compare"])
+        .env("NATS_SERVER_BIN", server_bin())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    let took = started.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "demo --compare failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The row `label  direct  natsproxy`.
+    let row = |label: &str| -> (String, String) {
+        let line = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(label))
+            .unwrap_or_else(|| panic!("no row {label:?}:\n{stdout}"));
+        let cells: Vec<&str> = line[line.find(label).unwrap() + label.len()..]
+            .split_whitespace()
+            .collect();
+        (cells[0].to_string(), cells[cells.len() - 1].to_string())
+    };
+    let (direct_err, proxied_err) = row("error items (each stops Vector's source)");
+    let (direct_after, proxied_after) = row("consumed after n1 was back");
+    assert!(
+        direct_err == "1" || direct_after == "0",
+        "the direct consumer neither failed nor stalled:\n{stdout}"
+    );
+    assert_eq!(proxied_err, "0", "{stdout}");
+    assert_ne!(
+        proxied_after, "0",
+        "the proxied consumer resumed:\n{stdout}"
+    );
+    assert_eq!(row("messages missing").1, "0", "{stdout}");
+    assert!(stdout.contains("result: PASS"), "{stdout}");
+    assert!(took < Duration::from_secs(90), "took {took:?}");
+    let dir = std::env::temp_dir().join(format!("natsproxy-demo-{pid}"));
+    assert!(!dir.exists(), "demo left {}", dir.display());
+    let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+    let ps = String::from_utf8_lossy(&ps.stdout);
+    assert!(
+        !ps.contains(&format!("natsproxy-demo-{pid}")),
+        "demo left processes:\n{ps}"
+    );
+}
+
 #[test]
 fn demo_without_a_server_binary_says_how_to_get_one() {
     let out = Command::new(BIN)

@@ -344,9 +344,31 @@ async fn a_real_prometheus_reads_every_panel_and_rule_through_a_migration_and_a_
         .unwrap();
     let mut core = client.subscribe("events").await.unwrap();
     let js = async_nats::jetstream::new(client.clone());
-    let mut msgs = natsproxy::vector::open(&js, "LOGS", "CV").await.unwrap();
+    // Vector's loop (natsproxy::vector needs the `demo` feature): batches of 200, ack
+    // each, end at the first error item.
+    let pull: async_nats::jetstream::consumer::PullConsumer = js
+        .get_stream("LOGS")
+        .await
+        .unwrap()
+        .get_consumer("CV")
+        .await
+        .unwrap();
+    let mut msgs = pull
+        .stream()
+        .max_messages_per_batch(200)
+        .messages()
+        .await
+        .unwrap();
     let consumer = tokio::spawn(async move {
-        natsproxy::vector::run(&mut msgs, |_| std::ops::ControlFlow::Continue(())).await
+        while let Some(m) = msgs.next().await {
+            match m {
+                Ok(m) => {
+                    let _ = m.ack().await;
+                }
+                Err(e) => return format!("{e:?}"),
+            }
+        }
+        "the stream ended".to_string()
     });
     let core_reader = tokio::spawn(async move { while core.next().await.is_some() {} });
     let publisher_url = cluster.publisher.as_ref().unwrap().url();

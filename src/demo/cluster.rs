@@ -107,6 +107,8 @@ impl Cluster {
                     "jetstream {{ store_dir: \"{}\" }}\n",
                     c.dir.join(&name).display()
                 );
+                // `demo --compare` places its R1 stream by this tag.
+                conf += &format!("server_tags: [\"node:{name}\"]\n");
             }
             conf += &format!(
                 "cluster {{ name: demo, listen: \"127.0.0.1:{cport}\", routes: [{}]{} }}\n",

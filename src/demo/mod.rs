@@ -2,7 +2,9 @@
 //! cluster with JetStream (plus a 4th node, never restarted, for the publisher), the proxy,
 //! a publisher and a Vector-style JetStream consumer through the proxy (async-nats 0.42,
 //! stop at the first error item), then rolls a lame-duck restart through every node while
-//! showing live progress, and ends with a summary. Every process it starts is stopped by
+//! showing live progress, and ends with a summary. `--compare` shows instead the
+//! failure the proxy prevents: an R1 outage seen by two Vector-style consumers side by
+//! side, one straight to the cluster and one through the proxy ([`compare`]). Every process it starts is stopped by
 //! its PID and its temporary directory is removed, also on Ctrl-C.
 
 use std::process::ExitCode;
@@ -36,7 +38,11 @@ pub fn main(args: &DemoArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = rt.block_on(run::run(bin, args.rate));
+    let result = if args.compare {
+        rt.block_on(compare::run(bin, args.rate))
+    } else {
+        rt.block_on(run::run(bin, args.rate))
+    };
     let _ = std::io::Write::flush(&mut std::io::stderr());
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -50,5 +56,7 @@ pub fn main(args: &DemoArgs) -> ExitCode {
 
 #[cfg(feature = "demo")]
 mod cluster;
+#[cfg(feature = "demo")]
+mod compare;
 #[cfg(feature = "demo")]
 mod run;

@@ -15,13 +15,16 @@ use crate::proxy::Proxy;
 
 use super::cluster::*;
 
+/// What one Vector-style consumer got so far.
 #[derive(Default)]
-struct Progress {
-    consumed: u64,
-    distinct: std::collections::BTreeSet<u64>,
-    last: Option<Instant>,
-    max_gap: Duration,
-    err: Option<String>,
+pub(super) struct Progress {
+    pub(super) consumed: u64,
+    pub(super) distinct: std::collections::BTreeSet<u64>,
+    pub(super) last: Option<Instant>,
+    pub(super) max_gap: Duration,
+    /// Why it ended (Vector's source stops there), and when.
+    pub(super) err: Option<String>,
+    pub(super) ended: Option<Instant>,
 }
 
 pub async fn run(bin: PathBuf, rate: u64) -> Res<bool> {
@@ -99,78 +102,9 @@ pub async fn run(bin: PathBuf, rate: u64) -> Res<bool> {
             .await
             .map_err(|e| e.to_string())?,
     );
-    let publisher = {
-        let (published, stop) = (published.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / rate.max(1)));
-            while !stop.load(Ordering::Relaxed) {
-                tick.tick().await;
-                let n = published.load(Ordering::Relaxed);
-                let p = jetstream::context::Publish::build()
-                    .payload(n.to_string().into())
-                    .message_id(n.to_string());
-                let stored = match tokio::time::timeout(
-                    Duration::from_secs(2),
-                    pub_js.send_publish("logs.demo", p),
-                )
-                .await
-                {
-                    Ok(Ok(ack)) => matches!(
-                        tokio::time::timeout(Duration::from_secs(2), ack).await,
-                        Ok(Ok(_))
-                    ),
-                    _ => false,
-                };
-                if stored {
-                    published.store(n + 1, Ordering::Relaxed);
-                } else {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        })
-    };
+    let publisher = spawn_publisher(pub_js, rate, published.clone(), stop.clone());
     let progress = Arc::new(Mutex::new(Progress::default()));
-    let consumer = {
-        let progress = progress.clone();
-        let url = format!("nats://{proxy_addr}");
-        tokio::spawn(async move {
-            let run = async {
-                let c = async_nats::ConnectOptions::new()
-                    .name("vector")
-                    .connect(url)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let js = jetstream::new(c);
-                let mut msgs = crate::vector::open(&js, "LOGS", "vector").await?;
-                let end = crate::vector::run(&mut msgs, |m| {
-                    if let Ok(mut p) = progress.lock() {
-                        let now = Instant::now();
-                        if let Some(l) = p.last {
-                            p.max_gap = p.max_gap.max(now - l);
-                        }
-                        p.last = Some(now);
-                        p.consumed += 1;
-                        if let Ok(n) = std::str::from_utf8(&m.payload).unwrap_or("").parse::<u64>()
-                        {
-                            p.distinct.insert(n);
-                        }
-                    }
-                    std::ops::ControlFlow::Continue(())
-                })
-                .await;
-                Err::<(), String>(match end {
-                    crate::vector::End::ErrItem(e) => format!("error item: {e}"),
-                    _ => "the message stream ended".into(),
-                })
-            };
-            if let Err(e) = run.await {
-                if let Ok(mut p) = progress.lock() {
-                    p.err = Some(e);
-                }
-            }
-        })
-    };
-
+    let consumer = spawn_consumer(format!("nats://{proxy_addr}"), "vector", progress.clone());
     // Which node holds the consumer's upstream link now (from the servers' /connz).
     let current = Arc::new(Mutex::new(String::from("?")));
     let watcher = {
@@ -322,4 +256,84 @@ pub async fn run(bin: PathBuf, rate: u64) -> Res<bool> {
     drop(p);
     drop(cluster);
     Ok(ok)
+}
+
+/// Publishes numbered messages to `logs.demo` at `rate` a second until `stop`;
+/// `published` counts those the stream stored.
+pub(super) fn spawn_publisher(
+    js: jetstream::Context,
+    rate: u64,
+    published: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / rate.max(1)));
+        while !stop.load(Ordering::Relaxed) {
+            tick.tick().await;
+            let n = published.load(Ordering::Relaxed);
+            let p = jetstream::context::Publish::build()
+                .payload(n.to_string().into())
+                .message_id(n.to_string());
+            let stored =
+                match tokio::time::timeout(Duration::from_secs(2), js.send_publish("logs.demo", p))
+                    .await
+                {
+                    Ok(Ok(ack)) => matches!(
+                        tokio::time::timeout(Duration::from_secs(2), ack).await,
+                        Ok(Ok(_))
+                    ),
+                    _ => false,
+                };
+            if stored {
+                published.store(n + 1, Ordering::Relaxed);
+            } else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    })
+}
+
+/// Vector's JetStream source on the durable consumer `durable` of `LOGS`, connected to
+/// `url`: progress into `progress`, and its end (the first error item) as `err`.
+pub(super) fn spawn_consumer(
+    url: String,
+    durable: &'static str,
+    progress: Arc<Mutex<Progress>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let run = async {
+            let c = async_nats::ConnectOptions::new()
+                .name(durable)
+                .connect(url)
+                .await
+                .map_err(|e| e.to_string())?;
+            let js = jetstream::new(c);
+            let mut msgs = crate::vector::open(&js, "LOGS", durable).await?;
+            let end = crate::vector::run(&mut msgs, |m| {
+                if let Ok(mut p) = progress.lock() {
+                    let now = Instant::now();
+                    if let Some(l) = p.last {
+                        p.max_gap = p.max_gap.max(now - l);
+                    }
+                    p.last = Some(now);
+                    p.consumed += 1;
+                    if let Ok(n) = std::str::from_utf8(&m.payload).unwrap_or("").parse::<u64>() {
+                        p.distinct.insert(n);
+                    }
+                }
+                std::ops::ControlFlow::Continue(())
+            })
+            .await;
+            Err::<(), String>(match end {
+                crate::vector::End::ErrItem(e) => format!("error item: {e}"),
+                _ => "the message stream ended".into(),
+            })
+        };
+        if let Err(e) = run.await {
+            if let Ok(mut p) = progress.lock() {
+                p.err = Some(e);
+                p.ended = Some(Instant::now());
+            }
+        }
+    })
 }
