@@ -870,3 +870,47 @@ async fn a_frozen_node_costs_at_most_300_messages_and_a_stall_moves_nothing() {
     assert_eq!(proxy.stats.clients_accepted.get(), 1);
     proxy.stop().await;
 }
+
+/// The operator's outage metrics move with a real outage: the only node killed, the
+/// session held without an upstream (gauge 1), the node back (gauge 0, one outage of
+/// about the time it was away observed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_shows_in_the_gauge_while_it_lasts_and_in_the_histogram_after() {
+    init_logs();
+    let mut cluster = Cluster::start(ClusterOpts {
+        nodes: 1,
+        ..Default::default()
+    })
+    .await;
+    let proxy = TestProxy::start(&cluster.urls()).await;
+    let client = async_nats::connect(proxy.url()).await.unwrap();
+    roundtrip(&client, "outage.before").await;
+    let st = proxy.stats.clone();
+    assert_eq!(st.sessions_without_upstream.get(), 0);
+    cluster.kill(0);
+    let lost = Instant::now();
+    within(Duration::from_secs(10), "the outage gauge", async {
+        while st.sessions_without_upstream.get() != 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(st.sessions_without_upstream.get(), 1, "still in the outage");
+    cluster.restart(0).await;
+    roundtrip(&client, "outage.after").await;
+    let away = lost.elapsed();
+    assert_eq!(st.sessions_without_upstream.get(), 0);
+    let text = st.encode();
+    let count = metric(&text, "natsproxy_outage_duration_seconds_count");
+    let sum = metric(&text, "natsproxy_outage_duration_seconds_sum").unwrap_or(0.0);
+    println!("outage observed: {count:?}, {sum:.2} s (the node was away < {away:?})");
+    assert_eq!(count, Some(1.0));
+    // The driver's clock reads `now` once per wake-up, a little before the test's.
+    let slack = 0.05;
+    assert!(
+        sum >= 0.5 && sum <= away.as_secs_f64() + slack,
+        "{sum} s, away {away:?}"
+    );
+    assert_eq!(st.failovers.get(), 1);
+}
