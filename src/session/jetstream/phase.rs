@@ -95,7 +95,9 @@ pub(super) struct Request {
     pub(super) as_sent: bool,
     pub(super) phase: Phase,
     /// When the request was found lost (its leader moved, its link failed, its
-    /// heartbeats stopped); cleared by its next full placement, which reports the time.
+    /// heartbeats stopped); taken, and the time reported, by the consumer's first answer
+    /// to a probe of it or by its next full placement, whichever comes first. A request
+    /// that ends unplaced (the proxy's `408`) reports nothing.
     pub(super) lost_at: Option<Instant>,
 }
 
