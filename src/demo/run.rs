@@ -22,9 +22,8 @@ pub(super) struct Progress {
     pub(super) distinct: std::collections::BTreeSet<u64>,
     pub(super) last: Option<Instant>,
     pub(super) max_gap: Duration,
-    /// Why it ended (Vector's source stops there), and when.
+    /// Why it ended (Vector's source stops there).
     pub(super) err: Option<String>,
-    pub(super) ended: Option<Instant>,
 }
 
 pub async fn run(bin: PathBuf, rate: u64) -> Res<bool> {
@@ -332,7 +331,6 @@ pub(super) fn spawn_consumer(
         if let Err(e) = run.await {
             if let Ok(mut p) = progress.lock() {
                 p.err = Some(e);
-                p.ended = Some(Instant::now());
             }
         }
     })
