@@ -409,7 +409,7 @@ async fn r1_consumer_on_the_lame_duck_node_resumes_when_it_returns() {
     let sum = metric(&text, "natsproxy_pull_request_replacement_seconds_sum").unwrap_or(0.0);
     println!("pull re-placements observed: {count}, {sum:.1} s in all");
     assert!(
-        count >= 1.0 && sum >= 30.0,
+        count >= 1.0 && sum >= 1.0,
         "re-placement time: {count} observed, {sum} s"
     );
     report(
