@@ -68,33 +68,21 @@ impl Reported {
                 *r = c;
             }
         }
-        let has = session.has_upstream();
-        if has != self.has_upstream {
-            if has {
-                st.sessions_with_upstream.inc();
-            } else {
-                st.sessions_with_upstream.dec();
-            }
-            self.has_upstream = has;
-        }
-        let migrating = session.is_migrating();
-        if migrating != self.migrating {
-            if migrating {
-                st.sessions_migrating.inc();
-            } else {
-                st.sessions_migrating.dec();
-            }
-            self.migrating = migrating;
-        }
-        let outage = session.in_outage();
-        if outage != self.outage {
-            if outage {
-                st.sessions_without_upstream.inc();
-            } else {
-                st.sessions_without_upstream.dec();
-            }
-            self.outage = outage;
-        }
+        flip(
+            &st.sessions_with_upstream,
+            &mut self.has_upstream,
+            session.has_upstream(),
+        );
+        flip(
+            &st.sessions_migrating,
+            &mut self.migrating,
+            session.is_migrating(),
+        );
+        flip(
+            &st.sessions_without_upstream,
+            &mut self.outage,
+            session.in_outage(),
+        );
         let unplaced = session.pulls_unplaced() as i64;
         if unplaced != self.unplaced {
             st.pulls_unplaced.inc_by(unplaced - self.unplaced);
@@ -121,20 +109,23 @@ impl Reported {
             st.hot.buffers[i].dec_by(*r);
             *r = 0;
         }
-        if self.has_upstream {
-            st.sessions_with_upstream.dec();
-            self.has_upstream = false;
-        }
-        if self.migrating {
-            st.sessions_migrating.dec();
-            self.migrating = false;
-        }
-        if self.outage {
-            st.sessions_without_upstream.dec();
-            self.outage = false;
-        }
+        flip(&st.sessions_with_upstream, &mut self.has_upstream, false);
+        flip(&st.sessions_migrating, &mut self.migrating, false);
+        flip(&st.sessions_without_upstream, &mut self.outage, false);
         st.pulls_unplaced.dec_by(self.unplaced);
         self.unplaced = 0;
+    }
+}
+
+/// Counts this driver in or out of `gauge` when `now` differs from what it reported.
+fn flip(gauge: &prometheus_client::metrics::gauge::Gauge, reported: &mut bool, now: bool) {
+    if now != *reported {
+        if now {
+            gauge.inc();
+        } else {
+            gauge.dec();
+        }
+        *reported = now;
     }
 }
 
