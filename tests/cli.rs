@@ -244,10 +244,13 @@ fn configuration_file_errors_name_the_key_and_the_fix() {
     }
 }
 
-#[test]
-fn demo_runs_to_completion_and_leaves_nothing_behind() {
+/// Runs `natsproxy demo` with `args`: its exit status, stdout and time taken, after
+/// checking that it left neither its directory nor a nats-server behind.
+fn run_demo(args: &[&str]) -> (std::process::ExitStatus, String, String, Duration) {
+    let started = std::time::Instant::now();
     let child = Command::new(BIN)
         .arg("demo")
+        .args(args)
         .env("NATS_SERVER_BIN", server_bin())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -255,18 +258,10 @@ fn demo_runs_to_completion_and_leaves_nothing_behind() {
         .unwrap();
     let pid = child.id();
     let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let took = started.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "demo failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains("result: PASS"), "{stdout}");
-    assert!(
-        stdout.contains("messages lost                                        0"),
-        "{stdout}"
-    );
     let dir = std::env::temp_dir().join(format!("natsproxy-demo-{pid}"));
     assert!(!dir.exists(), "demo left {}", dir.display());
     // No nats-server of the demo survives it (their configs lived in that directory).
@@ -276,29 +271,28 @@ fn demo_runs_to_completion_and_leaves_nothing_behind() {
         !ps.contains(&format!("natsproxy-demo-{pid}")),
         "demo left processes:\n{ps}"
     );
+    (out.status, stdout, stderr, took)
+}
+
+#[test]
+fn demo_runs_to_completion_and_leaves_nothing_behind() {
+    let (status, stdout, stderr, _) = run_demo(&[]);
+    assert!(status.success(), "demo failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("result: PASS"), "{stdout}");
+    assert!(
+        stdout.contains("messages lost                                        0"),
+        "{stdout}"
+    );
 }
 
 /// `demo --compare`: the direct consumer must fail (its first error item, or a stall
 /// after the node is back), the proxied one must not; within 90 s, leaving nothing.
 #[test]
 fn demo_compare_shows_the_direct_consumer_fail_and_the_proxied_one_carry_on() {
-    let started = std::time::Instant::now();
-    let child = Command::new(BIN)
-        .args(["demo", "--compare"])
-        .env("NATS_SERVER_BIN", server_bin())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let out = child.wait_with_output().unwrap();
-    let took = started.elapsed();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
+    let (status, stdout, stderr, took) = run_demo(&["--compare"]);
     assert!(
-        out.status.success(),
-        "demo --compare failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        status.success(),
+        "demo --compare failed:\n{stdout}\n{stderr}"
     );
     // The row `label  direct  natsproxy`.
     let row = |label: &str| -> (String, String) {
@@ -325,14 +319,6 @@ fn demo_compare_shows_the_direct_consumer_fail_and_the_proxied_one_carry_on() {
     assert_eq!(row("messages missing").1, "0", "{stdout}");
     assert!(stdout.contains("result: PASS"), "{stdout}");
     assert!(took < Duration::from_secs(90), "took {took:?}");
-    let dir = std::env::temp_dir().join(format!("natsproxy-demo-{pid}"));
-    assert!(!dir.exists(), "demo left {}", dir.display());
-    let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
-    let ps = String::from_utf8_lossy(&ps.stdout);
-    assert!(
-        !ps.contains(&format!("natsproxy-demo-{pid}")),
-        "demo left processes:\n{ps}"
-    );
 }
 
 #[test]
