@@ -14,13 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull, stream};
-use tokio_util::sync::CancellationToken;
-
-use crate::config::{Config, UpstreamUrl};
-use crate::proxy::Proxy;
 
 use super::cluster::*;
-use super::run::{spawn_consumer, spawn_publisher, Progress};
+use super::run::{set_up, spawn_consumer, spawn_publisher, Progress};
 
 /// How long n1 stays away at most (the direct consumer fails within ~20 s on 2.15).
 const AWAY_MAX: Duration = Duration::from_secs(40);
@@ -39,33 +35,8 @@ struct Column {
 
 pub async fn run(bin: PathBuf, rate: u64) -> Res<bool> {
     let started = Instant::now();
-    let mut cluster = Cluster::start(bin)?;
-    let interrupted = Arc::new(AtomicBool::new(false));
-    {
-        let flag = interrupted.clone();
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                flag.store(true, Ordering::Relaxed);
-            }
-        });
-    }
-    eprintln!(
-        "starting a 3-node nats-server cluster with JetStream in {} …",
-        cluster.dir.display()
-    );
-    for i in 0..4 {
-        cluster.wait_healthy(i).await?;
-    }
-    let ups = (0..3)
-        .map(|i| UpstreamUrl::parse(&cluster.url(i)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
-    let cfg = Config::new("127.0.0.1:0".parse().map_err(|_| "addr")?, ups);
-    let proxy = Proxy::bind(cfg).await.map_err(|e| e.to_string())?;
-    let proxy_addr = proxy.local_addr().map_err(|e| e.to_string())?;
-    let stats = proxy.stats();
-    let token = CancellationToken::new();
-    let proxy_task = tokio::spawn(proxy.run(token.clone()));
+    let (mut cluster, interrupted, proxy) = set_up(bin).await?;
+    let (proxy_addr, stats) = (proxy.addr, proxy.stats.clone());
 
     // The R1 stream on n1 and its two consumers, created straight on the cluster.
     let admin = jetstream::new(
@@ -199,8 +170,7 @@ pub async fn run(bin: PathBuf, rate: u64) -> Res<bool> {
     eprintln!();
     direct_task.abort();
     proxied_task.abort();
-    token.cancel();
-    let _ = proxy_task.await;
+    proxy.stop().await;
 
     // A consumer that ended or stalled has been without messages since its last one.
     let end = Instant::now();

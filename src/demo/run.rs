@@ -28,35 +28,8 @@ pub(super) struct Progress {
 
 pub async fn run(bin: PathBuf, rate: u64) -> Res<bool> {
     let started = Instant::now();
-    let mut cluster = Cluster::start(bin)?;
-    let interrupted = Arc::new(AtomicBool::new(false));
-    {
-        let flag = interrupted.clone();
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                flag.store(true, Ordering::Relaxed);
-            }
-        });
-    }
-    eprintln!(
-        "starting a 3-node nats-server cluster with JetStream in {} …",
-        cluster.dir.display()
-    );
-    for i in 0..4 {
-        cluster.wait_healthy(i).await?;
-    }
-    // The proxy, in this process.
-    let ups = (0..3)
-        .map(|i| UpstreamUrl::parse(&cluster.url(i)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
-    let mut cfg = Config::new("127.0.0.1:0".parse().map_err(|_| "addr")?, ups);
-    cfg.metrics_listen = Some("127.0.0.1:0".parse().map_err(|_| "addr")?);
-    let proxy = Proxy::bind(cfg).await.map_err(|e| e.to_string())?;
-    let proxy_addr = proxy.local_addr().map_err(|e| e.to_string())?;
-    let stats = proxy.stats();
-    let token = CancellationToken::new();
-    let proxy_task = tokio::spawn(proxy.run(token.clone()));
+    let (mut cluster, interrupted, proxy) = set_up(bin).await?;
+    let (proxy_addr, stats) = (proxy.addr, proxy.stats.clone());
 
     // The stream and a durable pull consumer (R3), created straight on the cluster.
     let admin = jetstream::new(
@@ -195,8 +168,7 @@ pub async fn run(bin: PathBuf, rate: u64) -> Res<bool> {
     eprintln!();
     consumer.abort();
     watcher.abort();
-    token.cancel();
-    let _ = proxy_task.await;
+    proxy.stop().await;
 
     let p = progress.lock().map_err(|_| "lock")?;
     let lost = total.saturating_sub(p.distinct.len() as u64);
@@ -334,4 +306,59 @@ pub(super) fn spawn_consumer(
             }
         }
     })
+}
+
+/// The proxy of a demo, in this process.
+pub(super) struct DemoProxy {
+    pub(super) addr: std::net::SocketAddr,
+    pub(super) stats: Arc<crate::proxy::Stats>,
+    token: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl DemoProxy {
+    pub(super) async fn stop(self) {
+        self.token.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// What both demos start with: the cluster (healthy), a flag Ctrl-C sets, and the proxy
+/// in front of the three JetStream nodes.
+pub(super) async fn set_up(bin: PathBuf) -> Res<(Cluster, Arc<AtomicBool>, DemoProxy)> {
+    let cluster = Cluster::start(bin)?;
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let flag = interrupted.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                flag.store(true, Ordering::Relaxed);
+            }
+        });
+    }
+    eprintln!(
+        "starting a 3-node nats-server cluster with JetStream in {} …",
+        cluster.dir.display()
+    );
+    for i in 0..4 {
+        cluster.wait_healthy(i).await?;
+    }
+    let ups = (0..3)
+        .map(|i| UpstreamUrl::parse(&cluster.url(i)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let mut cfg = Config::new("127.0.0.1:0".parse().map_err(|_| "addr")?, ups);
+    cfg.metrics_listen = Some("127.0.0.1:0".parse().map_err(|_| "addr")?);
+    let proxy = Proxy::bind(cfg).await.map_err(|e| e.to_string())?;
+    let addr = proxy.local_addr().map_err(|e| e.to_string())?;
+    let stats = proxy.stats();
+    let token = CancellationToken::new();
+    let task = tokio::spawn(proxy.run(token.clone()));
+    let proxy = DemoProxy {
+        addr,
+        stats,
+        token,
+        task,
+    };
+    Ok((cluster, interrupted, proxy))
 }
