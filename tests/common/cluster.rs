@@ -215,39 +215,49 @@ impl Cluster {
         }
     }
 
-    /// Waits until every running node has a route to every other running node.
+    /// Waits until every running node has its routes to every other running node by
+    /// name, the same number to each: a route pool (nats-server 2.10 on: 3 connections
+    /// and the system account's) is complete, not just its first connection. A test that
+    /// slows a route afterwards must not slow the handshake of a pool connection still
+    /// forming (2.15 then keeps duplicate routes, and interest sent on one is lost).
     pub async fn wait_routes(&self) {
-        let expect = self.nodes.iter().filter(|n| n.child.is_some()).count()
-            + usize::from(self.publisher.is_some())
-            - 1;
-        let ports: Vec<u16> = self
+        let running: Vec<&Node> = self
             .nodes
             .iter()
             .chain(self.publisher.iter())
             .filter(|n| n.child.is_some())
-            .map(|n| n.http)
             .collect();
+        // The pool's connections come one after another: the same complete counts twice
+        // in a row, 100 ms apart.
+        let mut last = None;
         within(Duration::from_secs(30), "cluster routes", async {
-            'outer: loop {
-                for &p in &ports {
-                    let body = http_get(p, "/routez").await.unwrap_or_default();
-                    let routes = body
-                        .split("\"num_routes\":")
-                        .nth(1)
-                        .and_then(|r| {
-                            r.trim()
-                                .split(|c: char| !c.is_ascii_digit())
-                                .next()
-                                .map(str::to_owned)
-                        })
-                        .and_then(|n| n.parse::<usize>().ok())
-                        .unwrap_or(0);
-                    if routes < expect {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue 'outer;
-                    }
+            loop {
+                let mut round = Vec::new();
+                for n in &running {
+                    let body = http_get(n.http, "/routez").await.unwrap_or_default();
+                    let others = running.len() - 1;
+                    let state = match route_counts(&body) {
+                        Some(counts) => {
+                            let each = running
+                                .iter()
+                                .filter(|o| o.name != n.name)
+                                .map(|o| counts.get(&o.name).copied().unwrap_or(0))
+                                .collect::<Vec<_>>();
+                            let complete = each.iter().all(|&c| c > 0 && c == each[0])
+                                && counts.len() == others;
+                            complete.then_some(each)
+                        }
+                        // Before 2.10 (no names, no pools): one route per other node.
+                        None => (num_routes(&body) == others).then(|| vec![1; others]),
+                    };
+                    round.push(state);
                 }
-                return;
+                let round: Option<Vec<Vec<usize>>> = round.into_iter().collect();
+                if round.is_some() && round == last {
+                    return;
+                }
+                last = round;
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
         .await;
@@ -340,6 +350,35 @@ impl Drop for Cluster {
             }
         }
     }
+}
+
+/// Route connections per remote node name, from a `/routez` body; None from a server
+/// that names no remotes (before 2.10).
+fn route_counts(routez: &str) -> Option<std::collections::HashMap<String, usize>> {
+    if !routez.contains("\"remote_name\"") {
+        return None;
+    }
+    let mut counts = std::collections::HashMap::new();
+    for part in routez.split("\"remote_name\":").skip(1) {
+        let name = part.trim_start().trim_start_matches('"');
+        if let Some(end) = name.find('"') {
+            *counts.entry(name[..end].to_owned()).or_default() += 1;
+        }
+    }
+    Some(counts)
+}
+
+fn num_routes(routez: &str) -> usize {
+    routez
+        .split("\"num_routes\":")
+        .nth(1)
+        .and_then(|r| {
+            r.trim()
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// A minimal HTTP/1.0 GET on loopback; the body, or None.
