@@ -11,11 +11,11 @@ pub struct NkeySeed(String);
 
 impl NkeySeed {
     /// Checks that `seed` is a valid nkey seed. The error never contains the seed.
-    pub fn new(seed: &str) -> Result<NkeySeed, String> {
+    pub fn new(seed: &str) -> Result<NkeySeed, SeedError> {
         let seed = seed.trim();
         nkeys::KeyPair::from_seed(seed)
             .map(|_| NkeySeed(seed.to_owned()))
-            .map_err(|e| format!("not a valid nkey seed ({})", e.kind()))
+            .map_err(|e| SeedError(e.kind()))
     }
 
     fn pair(&self) -> nkeys::KeyPair {
@@ -41,6 +41,24 @@ impl NkeySeed {
             }
         }
     }
+}
+
+/// A string that is not an nkey seed; carries only what nkeys says is wrong with it.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error("not a valid nkey seed ({0})")]
+pub struct SeedError(pub nkeys::error::ErrorKind);
+
+/// Why a `.creds` file does not give credentials; never carries its content.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+pub enum CredsError {
+    #[error("no user JWT block (-----BEGIN NATS USER JWT-----)")]
+    NoJwt,
+    #[error("no nkey seed block (-----BEGIN USER NKEY SEED-----)")]
+    NoSeed,
+    #[error("the JWT block is not a JWT")]
+    NotAJwt,
+    #[error(transparent)]
+    Seed(#[from] SeedError),
 }
 
 impl std::fmt::Debug for NkeySeed {
@@ -118,7 +136,7 @@ impl ClientAuth {
 impl Credentials {
     /// Reads a NATS `.creds` file: the user JWT and the nkey seed between their
     /// `-----BEGIN …-----` / `------END …------` markers.
-    pub fn from_creds(text: &str) -> Result<Credentials, String> {
+    pub fn from_creds(text: &str) -> Result<Credentials, CredsError> {
         let block = |what: &str| -> Option<String> {
             let mut lines = text.lines().map(str::trim);
             lines.find(|l| l.starts_with("-----BEGIN") && l.contains(what))?;
@@ -127,10 +145,10 @@ impl Credentials {
                 .find(|l| !l.is_empty())
                 .map(str::to_owned)
         };
-        let jwt = block("JWT").ok_or("no user JWT block (-----BEGIN NATS USER JWT-----)")?;
-        let seed = block("SEED").ok_or("no nkey seed block (-----BEGIN USER NKEY SEED-----)")?;
+        let jwt = block("JWT").ok_or(CredsError::NoJwt)?;
+        let seed = block("SEED").ok_or(CredsError::NoSeed)?;
         if jwt.split('.').count() != 3 {
-            return Err("the JWT block is not a JWT".into());
+            return Err(CredsError::NotAJwt);
         }
         Ok(Credentials::Jwt {
             jwt,
@@ -246,6 +264,10 @@ mod tests {
         // Nothing secret in Debug output.
         let shown = format!("{c:?} {:?} {pkey:?}", Credentials::Nkey(seed));
         assert!(!shown.contains(&user.seed().unwrap()) && !shown.contains(&proxy.seed().unwrap()));
-        assert!(Credentials::from_creds("garbage").is_err());
+        assert_eq!(Credentials::from_creds("garbage"), Err(CredsError::NoJwt));
+        let bad_seed = creds.replace(&user.seed().unwrap()[..10], "SUAXXXXXXX");
+        let e = Credentials::from_creds(&bad_seed).unwrap_err();
+        assert!(matches!(e, CredsError::Seed(_)), "{e}");
+        assert!(!e.to_string().contains("SUAXXXXXXX"), "{e}");
     }
 }

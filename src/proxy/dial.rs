@@ -26,7 +26,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::budget::{DialBudget, DEFAULT_DIAL_BURST, DEFAULT_DIAL_RATE};
-use super::tls::{TlsFiles, UpstreamIo};
+use super::tls::{TlsError, TlsFiles, UpstreamIo};
 use crate::config::{UpstreamTls, UpstreamUrl};
 use crate::proto::json::ServerInfo;
 
@@ -117,7 +117,7 @@ pub struct Dialer {
 
 impl Dialer {
     /// Loads the TLS files once, so that a wrong path fails at start-up.
-    pub fn new(tls: UpstreamTls, upstreams: &[UpstreamUrl]) -> Result<Dialer, String> {
+    pub fn new(tls: UpstreamTls, upstreams: &[UpstreamUrl]) -> Result<Dialer, TlsError> {
         let plans = upstreams
             .iter()
             .map(|u| {

@@ -25,9 +25,9 @@ pub use crate::metrics::Stats;
 /// Why the proxy could not start; the binary maps it to its exit code.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// A TLS file is missing or does not load (the text names the flag and the file).
-    #[error("{0}")]
-    Tls(String),
+    /// A TLS file is missing or does not load (the error names the flag and the file).
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,

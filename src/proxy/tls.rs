@@ -121,7 +121,7 @@ impl TlsFiles {
     }
 
     /// The current TLS client configuration, re-read if its files changed.
-    pub fn client_config(&self) -> Result<Arc<ClientConfig>, String> {
+    pub fn client_config(&self) -> Result<Arc<ClientConfig>, TlsError> {
         let stamps: Vec<Stamp> = self.files().iter().map(|p| stamp(p)).collect();
         let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(l) = loaded.as_ref() {
@@ -178,11 +178,49 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// Why the upstream TLS configuration does not load; each names the flag and the file,
+/// never a key's content.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("the TLS provider refuses the default protocol versions: {0}")]
+    Provider(#[source] rustls::Error),
+    #[error("--upstream-tls-ca {}: {source}", path.display())]
+    CaFile {
+        path: PathBuf,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("--upstream-tls-ca {}: {source}", path.display())]
+    CaCertificate {
+        path: PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("--upstream-tls-ca {}: no certificate in it", path.display())]
+    NoCaCertificate { path: PathBuf },
+    #[error("--upstream-tls-cert {}: {source}", path.display())]
+    CertFile {
+        path: PathBuf,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("--upstream-tls-key {}: {source}", path.display())]
+    KeyFile {
+        path: PathBuf,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("--upstream-tls-cert/--upstream-tls-key: {0}")]
+    ClientAuth(#[source] rustls::Error),
+    #[error("--upstream-tls-cert and --upstream-tls-key go together")]
+    CertWithoutKey,
+}
+
 /// Builds the client configuration from the files.
-fn build(t: &UpstreamTls) -> Result<ClientConfig, String> {
+fn build(t: &UpstreamTls) -> Result<ClientConfig, TlsError> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
+        .map_err(TlsError::Provider)?;
     let builder = if t.insecure_skip_verify {
         builder
             .dangerous()
@@ -191,19 +229,20 @@ fn build(t: &UpstreamTls) -> Result<ClientConfig, String> {
         let mut roots = RootCertStore::empty();
         match &t.ca {
             Some(ca) => {
-                let certs = CertificateDer::pem_file_iter(ca)
-                    .map_err(|e| format!("--upstream-tls-ca {}: {e}", ca.display()))?;
-                for c in certs {
-                    let c = c.map_err(|e| format!("--upstream-tls-ca {}: {e}", ca.display()))?;
+                let file = |source| TlsError::CaFile {
+                    path: ca.clone(),
+                    source,
+                };
+                for c in CertificateDer::pem_file_iter(ca).map_err(file)? {
                     roots
-                        .add(c)
-                        .map_err(|e| format!("--upstream-tls-ca {}: {e}", ca.display()))?;
+                        .add(c.map_err(file)?)
+                        .map_err(|source| TlsError::CaCertificate {
+                            path: ca.clone(),
+                            source,
+                        })?;
                 }
                 if roots.is_empty() {
-                    return Err(format!(
-                        "--upstream-tls-ca {}: no certificate in it",
-                        ca.display()
-                    ));
+                    return Err(TlsError::NoCaCertificate { path: ca.clone() });
                 }
             }
             None => {
@@ -219,16 +258,20 @@ fn build(t: &UpstreamTls) -> Result<ClientConfig, String> {
         (Some(cert), Some(key)) => {
             let chain = CertificateDer::pem_file_iter(cert)
                 .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| format!("--upstream-tls-cert {}: {e}", cert.display()))?;
-            // The key's content never appears in an error, only its path.
-            let key = PrivateKeyDer::from_pem_file(key)
-                .map_err(|e| format!("--upstream-tls-key {}: {e}", key.display()))?;
+                .map_err(|source| TlsError::CertFile {
+                    path: cert.clone(),
+                    source,
+                })?;
+            let key = PrivateKeyDer::from_pem_file(key).map_err(|source| TlsError::KeyFile {
+                path: key.clone(),
+                source,
+            })?;
             builder
                 .with_client_auth_cert(chain, key)
-                .map_err(|e| format!("--upstream-tls-cert/--upstream-tls-key: {e}"))
+                .map_err(TlsError::ClientAuth)
         }
         (None, None) => Ok(builder.with_no_client_auth()),
-        _ => Err("--upstream-tls-cert and --upstream-tls-key go together".into()),
+        _ => Err(TlsError::CertWithoutKey),
     }
 }
 
