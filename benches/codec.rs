@@ -10,7 +10,7 @@ use bytes::BytesMut;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 use natsproxy::proto::{encode, ClientDecoder, Limits, ServerDecoder};
-use natsproxy::session::{Epoch, Session, SessionConfig};
+use natsproxy::session::{Action, Epoch, Session, SessionConfig};
 
 const SIZES: [usize; 4] = [16, 128, 1024, 64 * 1024];
 const READ: usize = 64 * 1024;
@@ -94,20 +94,26 @@ fn decode(c: &mut Criterion) {
 }
 
 /// A session with one subscription on sid 1, past its handshake.
-fn connected_session() -> Session {
+fn connected_session() -> (Session, Epoch) {
     let now = Instant::now();
     let mut s = Session::new(SessionConfig::default(), now);
+    let epoch = std::iter::from_fn(|| s.poll_action())
+        .find_map(|a| match a {
+            Action::Dial { epoch, .. } => Some(epoch),
+            _ => None,
+        })
+        .expect("a new session dials first");
     while s.poll_action().is_some() {}
-    s.handle_upstream_connected(Epoch(1), now);
+    s.handle_upstream_connected(epoch, now);
     let mut b = BytesMut::from(&b"INFO {\"server_id\":\"S\",\"max_payload\":1048576} \r\n"[..]);
-    s.handle_upstream_bytes(Epoch(1), &mut b, now);
+    s.handle_upstream_bytes(epoch, &mut b, now);
     let mut b =
         BytesMut::from(&b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB logs.> 1\r\n"[..]);
     s.handle_client_bytes(&mut b, now);
     let mut b = BytesMut::from(&b"PONG\r\nPONG\r\n"[..]);
-    s.handle_upstream_bytes(Epoch(1), &mut b, now);
+    s.handle_upstream_bytes(epoch, &mut b, now);
     while s.poll_action().is_some() {}
-    s
+    (s, epoch)
 }
 
 fn session(c: &mut Criterion) {
@@ -119,14 +125,14 @@ fn session(c: &mut Criterion) {
             BenchmarkId::new("MSG upstream→client", size),
             &stream,
             |b, stream| {
-                let mut s = connected_session();
+                let (mut s, epoch) = connected_session();
                 let now = Instant::now();
                 // As the driver does: the client's bytes go into its write buffer.
                 let mut wbuf = BytesMut::with_capacity(1 << 20);
                 b.iter(|| {
                     let mut out = 0usize;
                     feed(stream, |buf| {
-                        s.handle_upstream_bytes(Epoch(1), buf, now);
+                        s.handle_upstream_bytes(epoch, buf, now);
                         s.take_client_output(&mut wbuf);
                         out += wbuf.len();
                         wbuf.clear();
@@ -142,7 +148,7 @@ fn session(c: &mut Criterion) {
             BenchmarkId::new("PUB client→upstream", size),
             &stream,
             |b, stream| {
-                let mut s = connected_session();
+                let (mut s, epoch) = connected_session();
                 let now = Instant::now();
                 b.iter(|| {
                     feed(stream, |buf| {
@@ -150,7 +156,7 @@ fn session(c: &mut Criterion) {
                         while s.poll_action().is_some() {}
                         // The upstream confirms what was written, as it would.
                         let mut pong = BytesMut::from(&b"PONG\r\n"[..]);
-                        s.handle_upstream_bytes(Epoch(1), &mut pong, now);
+                        s.handle_upstream_bytes(epoch, &mut pong, now);
                         while s.poll_action().is_some() {}
                     });
                 })

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 use natsproxy::proto::encode;
-use natsproxy::session::{Epoch, Session, SessionConfig};
+use natsproxy::session::{Action, Session, SessionConfig};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -22,15 +22,21 @@ fn main() {
 
     let now = Instant::now();
     let mut s = Session::new(SessionConfig::default(), now);
+    let epoch = std::iter::from_fn(|| s.poll_action())
+        .find_map(|a| match a {
+            Action::Dial { epoch, .. } => Some(epoch),
+            _ => None,
+        })
+        .expect("a new session dials first");
     while s.poll_action().is_some() {}
-    s.handle_upstream_connected(Epoch(1), now);
+    s.handle_upstream_connected(epoch, now);
     let mut b = BytesMut::from(&b"INFO {\"server_id\":\"S\",\"max_payload\":1048576} \r\n"[..]);
-    s.handle_upstream_bytes(Epoch(1), &mut b, now);
+    s.handle_upstream_bytes(epoch, &mut b, now);
     let mut b =
         BytesMut::from(&b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB bench.> 1\r\n"[..]);
     s.handle_client_bytes(&mut b, now);
     let mut b = BytesMut::from(&b"PONG\r\nPONG\r\n"[..]);
-    s.handle_upstream_bytes(Epoch(1), &mut b, now);
+    s.handle_upstream_bytes(epoch, &mut b, now);
     while s.poll_action().is_some() {}
 
     const READ: usize = 64 * 1024;
@@ -43,7 +49,7 @@ fn main() {
             rbuf.reserve(READ);
         }
         rbuf.extend_from_slice(chunk);
-        s.handle_upstream_bytes(Epoch(1), &mut rbuf, now);
+        s.handle_upstream_bytes(epoch, &mut rbuf, now);
         s.take_client_output(&mut wbuf);
         out += wbuf.len();
         wbuf.clear();

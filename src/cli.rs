@@ -70,7 +70,8 @@ pub struct Opts {
     #[arg(long, env = "NATSPROXY_LISTEN", global = true)]
     pub listen: Option<String>,
 
-    /// Upstream NATS server URL(s): nats://[user:pass@|token@]host:port. Repeat the flag or
+    /// Upstream NATS server URL(s): nats://host:port, or nats://user:pass@host:port, or
+    /// nats://token@host:port (tls:// to require TLS). Repeat the flag or
     /// separate with commas. More nodes are learned from the cluster. Credentials in a URL
     /// are presented by the proxy upstream; without them the client's own pass through.
     #[arg(

@@ -248,7 +248,7 @@ pub struct Config {
     pub connect_timeout: Duration,
     pub max_clients: usize,
     /// Upstream dials per second for the process, after `dial_burst` at once (0: no
-    /// limit); see [`crate::proxy::budget`].
+    /// limit); the proxy's dial budget.
     pub dial_rate: u32,
     pub dial_burst: u32,
     pub max_client_pending: usize,

@@ -4,7 +4,7 @@
 //! stop at the first error item), then rolls a lame-duck restart through every node while
 //! showing live progress, and ends with a summary. `--compare` shows instead the
 //! failure the proxy prevents: an R1 outage seen by two Vector-style consumers side by
-//! side, one straight to the cluster and one through the proxy ([`compare`]). Every process it starts is stopped by
+//! side, one straight to the cluster and one through the proxy (`demo::compare`). Every process it starts is stopped by
 //! its PID and its temporary directory is removed, also on Ctrl-C.
 
 use std::process::ExitCode;

@@ -121,7 +121,7 @@ impl ClientOptions {
     /// bytes (the upstream's control-line limit counts the JSON only).
     ///
     /// Only what differs from nats-server's defaults is written, so that it is no longer
-    /// than the client's own CONNECT by more than [`CONNECT_OVERHEAD`] bytes:
+    /// than the client's own CONNECT by more than 81 bytes (`CONNECT_OVERHEAD`, asserted by the handshake tests):
     /// `verbose:false,pedantic:false` (the defaults are true), `protocol:1` so that async
     /// INFOs (lame duck) arrive, `headers` and `no_responders` on (JetStream statuses),
     /// `echo:false` only when the client said so; the client's `name`, `lang`, `version`
@@ -209,7 +209,8 @@ impl std::fmt::Debug for ConnectAuth {
 /// "no_responders":true}` against the client's `{}` (the client's own `echo`, identity and
 /// credentials are copied at their length). Past the limit, [`fit_connect`] shortens the
 /// identity fields by up to this much.
-pub const CONNECT_OVERHEAD: usize = 81;
+#[cfg(test)]
+pub(crate) const CONNECT_OVERHEAD: usize = 81;
 
 /// The proxy's CONNECT cannot be made to fit the upstream's control line: the client gets
 /// nats-server's own `-ERR 'maximum control line exceeded'`.

@@ -5,18 +5,19 @@
 #![cfg_attr(not(test), deny(clippy::disallowed_methods))]
 
 mod args;
-pub mod decode_client;
-pub mod decode_server;
+mod decode_client;
+mod decode_server;
 pub mod encode;
-pub mod error;
+mod error;
 mod fast;
 mod framer;
-pub mod json;
-pub mod op;
+pub(crate) mod json;
+mod op;
+#[cfg(any(test, feature = "oracle"))]
 pub mod oracle;
-pub mod server_err;
-pub mod status;
-pub mod subject;
+mod server_err;
+pub(crate) mod status;
+pub(crate) mod subject;
 
 pub use decode_client::ClientDecoder;
 pub use decode_server::{MsgView, ServerDecoder};

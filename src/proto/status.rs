@@ -94,14 +94,6 @@ impl PullStatus {
         let code = m.status()?;
         Some(PullStatus::classify(code, m.status_description()))
     }
-
-    /// Whether the proxy hides this status from the client and places the request again.
-    pub fn is_shielded(self) -> bool {
-        matches!(
-            self,
-            PullStatus::ConsumerMoved | PullStatus::ConsumerUnavailable
-        )
-    }
 }
 
 #[cfg(test)]
@@ -160,7 +152,5 @@ mod tests {
                 "{code} {desc}"
             );
         }
-        assert!(ConsumerMoved.is_shielded() && ConsumerUnavailable.is_shielded());
-        assert!(!Ended.is_shielded() && !Rejected(Rejection::ConsumerGone).is_shielded());
     }
 }

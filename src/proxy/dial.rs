@@ -147,7 +147,8 @@ impl Dialer {
         self
     }
 
-    /// The same dialer with another resolver (tests: a name whose addresses change).
+    /// The same dialer with another resolver (a name whose addresses change).
+    #[cfg(test)]
     pub fn with_resolver(mut self, resolve: Resolver) -> Dialer {
         self.resolve = resolve;
         self

@@ -1,12 +1,12 @@
 //! The tokio shell: listener, accept loop with a connection cap, per-client drivers,
 //! graceful shutdown.
 
-pub mod budget;
-pub mod dial;
+pub(crate) mod budget;
+mod dial;
 mod driver;
-pub mod http;
+mod http;
 mod report;
-pub mod tls;
+mod tls;
 
 use std::io;
 use std::net::SocketAddr;
@@ -21,6 +21,7 @@ use tracing::{info, warn, Instrument};
 use crate::config::Config;
 
 pub use crate::metrics::Stats;
+pub use tls::TlsError;
 
 /// Why the proxy could not start; the binary maps it to its exit code.
 #[derive(Debug, thiserror::Error)]

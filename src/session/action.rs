@@ -5,7 +5,7 @@ use bytes::Bytes;
 /// Generation number of an upstream connection. Every dial gets a new one; anything that
 /// arrives from an epoch that is no longer live is ignored, never routed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Epoch(pub u64);
+pub struct Epoch(pub(crate) u64);
 
 impl std::fmt::Display for Epoch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

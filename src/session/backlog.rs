@@ -13,7 +13,7 @@ use super::action::Action;
 use super::link::{Link, PingOwner};
 use crate::proto::encode;
 
-/// Longest a publish waits for its confirmation PING (see [`Backlog::confirm_soon`]).
+/// Longest a publish waits for its confirmation PING (see `Backlog::confirm_soon`).
 pub const CONFIRM_DELAY: Duration = Duration::from_millis(20);
 
 /// Unconfirmed publish bytes that get their confirmation PING at once.

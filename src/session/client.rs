@@ -19,7 +19,7 @@ use crate::proto::{encode, subject, ClientOp, Message, ProtoError};
 
 impl Session {
     /// Handles one decoded client op.
-    pub fn handle_client_op(&mut self, op: ClientOp, now: Instant) {
+    pub(super) fn handle_client_op(&mut self, op: ClientOp, now: Instant) {
         self.now = now;
         if matches!(self.client_state, ClientState::Closed | ClientState::Ending) {
             return;

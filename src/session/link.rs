@@ -12,7 +12,7 @@ use crate::proto::{Limits, ServerDecoder};
 
 /// Handshake progress of an upstream link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LinkState {
+pub(super) enum LinkState {
     /// TCP connect in progress.
     Dialing,
     /// Connected; waiting for the server's INFO.
@@ -25,7 +25,7 @@ pub enum LinkState {
 
 /// Who a PING sent upstream belongs to; its PONG goes to that owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PingOwner {
+pub(super) enum PingOwner {
     /// The client's PING: relay a PONG to the client.
     Client,
     /// The PING right after CONNECT: the server accepted us.
@@ -42,43 +42,43 @@ pub enum PingOwner {
 
 /// A PING written and not yet answered.
 #[derive(Debug, Clone, Copy)]
-pub struct PingEntry {
-    pub owner: PingOwner,
-    pub sent_at: Instant,
+pub(super) struct PingEntry {
+    pub(super) owner: PingOwner,
+    pub(super) sent_at: Instant,
     /// Client data written before this PING (sequence number): its PONG confirms it.
-    pub mark: u64,
+    pub(super) mark: u64,
 }
 
 /// An upstream connection.
-pub struct Link {
-    pub epoch: Epoch,
-    pub addr: String,
-    pub state: LinkState,
-    pub info: Option<ServerInfo>,
+pub(super) struct Link {
+    pub(super) epoch: Epoch,
+    pub(super) addr: String,
+    pub(super) state: LinkState,
+    pub(super) info: Option<ServerInfo>,
     /// PINGs written and not yet answered, oldest first.
-    pub pings: VecDeque<PingEntry>,
+    pub(super) pings: VecDeque<PingEntry>,
     /// When the next keepalive PING is due.
-    pub keepalive_at: Instant,
+    pub(super) keepalive_at: Instant,
     /// Decoder of this link's byte stream.
-    pub decoder: ServerDecoder,
+    pub(super) decoder: ServerDecoder,
     /// Client publishes written on this link and not yet confirmed by a PONG.
-    pub unconfirmed: VecDeque<(u64, Bytes)>,
-    pub unconfirmed_bytes: usize,
+    pub(super) unconfirmed: VecDeque<(u64, Bytes)>,
+    pub(super) unconfirmed_bytes: usize,
     /// Sequence number of the last client publish written.
-    pub seq: u64,
+    pub(super) seq: u64,
     /// The server announced lame duck mode on this link.
     leaving: bool,
     /// The handshake PONG arrived: the server took our CONNECT.
     accepted: bool,
     /// The `-ERR` the server gave before it took our CONNECT (it closes next).
-    pub refusal: Option<Bytes>,
+    pub(super) refusal: Option<Bytes>,
     /// The server's `connect_info` INFO (2.12+), for the client's first PONG.
-    pub connect_info: Option<ServerInfo>,
+    pub(super) connect_info: Option<ServerInfo>,
 }
 
 impl Link {
     /// A link being dialed.
-    pub fn new(epoch: Epoch, addr: String, now: Instant) -> Self {
+    pub(super) fn new(epoch: Epoch, addr: String, now: Instant) -> Self {
         Link {
             epoch,
             addr,
@@ -98,17 +98,17 @@ impl Link {
     }
 
     /// True once CONNECT has been written: client traffic may follow it.
-    pub fn established(&self) -> bool {
+    pub(super) fn established(&self) -> bool {
         self.state == LinkState::Established
     }
 
     /// Send time of the oldest unanswered PING.
-    pub fn oldest_ping(&self) -> Option<Instant> {
+    pub(super) fn oldest_ping(&self) -> Option<Instant> {
         self.pings.front().map(|p| p.sent_at)
     }
 
     /// Records a PING written now.
-    pub fn ping_sent(&mut self, owner: PingOwner, now: Instant) {
+    pub(super) fn ping_sent(&mut self, owner: PingOwner, now: Instant) {
         self.pings.push_back(PingEntry {
             owner,
             sent_at: now,
@@ -117,29 +117,29 @@ impl Link {
     }
 
     /// Records a client publish written on this link.
-    pub fn publish_sent(&mut self, b: Bytes) {
+    pub(super) fn publish_sent(&mut self, b: Bytes) {
         self.seq += 1;
         self.unconfirmed_bytes += b.len();
         self.unconfirmed.push_back((self.seq, b));
     }
 
     /// The server announced lame duck mode; true the first time.
-    pub fn mark_leaving(&mut self) -> bool {
+    pub(super) fn mark_leaving(&mut self) -> bool {
         !std::mem::replace(&mut self.leaving, true)
     }
 
     /// True once the server announced lame duck mode on this link.
-    pub fn is_leaving(&self) -> bool {
+    pub(super) fn is_leaving(&self) -> bool {
         self.leaving
     }
 
     /// True once the server answered the PING after our CONNECT (it took the CONNECT).
-    pub fn is_accepted(&self) -> bool {
+    pub(super) fn is_accepted(&self) -> bool {
         self.accepted
     }
 
     /// A PONG arrived: returns the entry it answers and drops the data it confirms.
-    pub fn pong(&mut self) -> Option<PingEntry> {
+    pub(super) fn pong(&mut self) -> Option<PingEntry> {
         let e = self.pings.pop_front()?;
         if e.owner == PingOwner::Handshake {
             self.accepted = true;
@@ -153,7 +153,7 @@ impl Link {
     }
 
     /// Name of the server for logs.
-    pub fn server_name(&self) -> &str {
+    pub(super) fn server_name(&self) -> &str {
         self.info.as_ref().map_or("", |i| i.server_name.as_str())
     }
 }

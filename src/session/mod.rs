@@ -12,7 +12,7 @@
 //!
 //! # Phases
 //!
-//! The session's [`Phase`](super::phase::Phase) (and a migration's `Step`), in the words
+//! The session's `Phase` (`phase.rs`, and a migration's `Step`), in the words
 //! the code uses:
 //!
 //! ```text
@@ -62,20 +62,20 @@
 // No clock here (clippy.toml): `now` comes with every event. Tests may make up times.
 #![cfg_attr(not(test), deny(clippy::disallowed_methods))]
 
-pub mod action;
+mod action;
 mod backlog;
 mod client;
 mod config;
-pub mod dedup;
+mod dedup;
 mod dial_window;
-pub mod jetstream;
-pub mod link;
+mod jetstream;
+mod link;
 mod links;
 mod phase;
-pub mod pool;
-pub mod replies;
+mod pool;
+mod replies;
 mod stats;
-pub mod subs;
+mod subs;
 mod timers;
 mod upstream;
 
@@ -105,7 +105,7 @@ use self::pool::NodePool;
 use self::replies::ReplyQueue;
 use self::subs::SubTable;
 use crate::proto::json::ClientOptions;
-use crate::proto::{ClientDecoder, Limits, ServerOp};
+use crate::proto::{ClientDecoder, Limits};
 
 /// Client-facing progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -433,14 +433,6 @@ impl Session {
                     return self.link_lost(epoch, MoveReason::Protocol);
                 }
             }
-        }
-    }
-
-    /// Handles one decoded upstream op.
-    pub fn handle_upstream_op(&mut self, epoch: Epoch, op: ServerOp, now: Instant) {
-        self.now = now;
-        if let Some(role) = self.role_of(epoch) {
-            self.on_upstream_op(epoch, role, op);
         }
     }
 

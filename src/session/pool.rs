@@ -229,11 +229,6 @@ impl NodePool {
     pub fn len(&self) -> usize {
         self.nodes.len()
     }
-
-    /// True when no node is known (never, once configured).
-    pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
-    }
 }
 
 #[cfg(test)]

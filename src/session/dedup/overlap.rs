@@ -403,6 +403,7 @@ impl<T> Dedup<T> {
     }
 
     /// Remembered fingerprints.
+    #[cfg(test)]
     pub fn entries(&self) -> usize {
         self.entries
     }

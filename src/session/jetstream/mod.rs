@@ -20,6 +20,5 @@ pub mod tracker;
 #[cfg(test)]
 mod tests;
 
-pub use phase::{Phase, Placement};
-pub use request::{is_pull_subject, parse_body, PullBody};
+pub use request::is_pull_subject;
 pub use tracker::{PullAction, PullTracker, Shield};

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
-use super::phase::{EXPIRE_LEAD, HB_SLACK, PROBE_EXPIRES, PROBE_GRACE, PROBE_INTERVAL};
-use super::request::UPSTREAM_HB_MAX;
+use super::phase::{Phase, EXPIRE_LEAD, HB_SLACK, PROBE_EXPIRES, PROBE_GRACE, PROBE_INTERVAL};
+use super::request::{parse_body, UPSTREAM_HB_MAX};
 use super::*;
 use crate::proto::{encode, Limits, Message, ServerDecoder, ServerOp};
 

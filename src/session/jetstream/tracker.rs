@@ -158,7 +158,8 @@ impl PullTracker {
             .count()
     }
 
-    /// The phases of the requests on `sid`, oldest first (for tests).
+    /// The phases of the requests on `sid`, oldest first.
+    #[cfg(test)]
     pub fn phases(&self, sid: &[u8]) -> Vec<Phase> {
         self.inboxes
             .get(sid)
