@@ -16,8 +16,8 @@
 //! | `404 No Messages` | `no_wait` and nothing pending | `Ended` |
 //! | `409 Batch Completed` | the batch is served but `max_bytes` is left | `Ended` |
 //! | `409 Message Size Exceeds MaxBytes` | the next message is larger than the credit | `Ended` |
-//! | `409 Leadership Change` | a new consumer leader releases the requests it knew of (`checkPendingRequests`) | `ConsumerMoved` |
-//! | `409 Server Shutdown` | the leader's JetStream shut down (`jetstream.go`, normal shutdown; sent by 2.9) | `ConsumerMoved` |
+//! | `409 Leadership Change` | a new consumer leader releases the requests it knew of (`checkPendingRequests`) | `LeaderChanged` |
+//! | `409 Server Shutdown` | the leader's JetStream shut down (`jetstream.go`, normal shutdown; sent by 2.9) | `LeaderShutDown` |
 //! | `503` | no responders: nobody serves `MSG.NEXT` (R1 node away, no leader yet) | `ConsumerUnavailable` |
 //! | `409 Consumer Deleted` | the consumer was deleted (`releaseAnyPendingRequests`) | `Rejected` |
 //! | `409 Consumer is push based` | a pull sent to a push consumer | `Rejected` |
@@ -25,9 +25,9 @@
 //! | `400 Bad Request …` | the request is invalid (`heartbeat value too large`, …) | `Rejected` |
 //! | `423 …`, `412 …`, anything else | pinning, API level, future statuses | `Other` |
 //!
-//! `ConsumerMoved` and `ConsumerUnavailable` say nothing about the request itself, only
-//! that the consumer serving it went away: the proxy hides them and places the request
-//! again. Everything else is the server's true answer and reaches the client.
+//! `LeaderChanged`, `LeaderShutDown` and `ConsumerUnavailable` say nothing about the
+//! request itself, only that the consumer serving it went away (or, for the first, that
+//! a new leader serves it now): the proxy hides them and places the request again. Everything else is the server's true answer and reaches the client.
 
 use super::Message;
 
@@ -38,9 +38,12 @@ pub enum PullStatus {
     Heartbeat,
     /// The request ended normally (expiry, batch or bytes served, `no_wait` answered).
     Ended,
-    /// The request died with its consumer leader (leadership change, server shutdown);
-    /// the consumer itself exists and serves a new request.
-    ConsumerMoved,
+    /// `409 Leadership Change`: the new consumer leader released the request; it is
+    /// the one that sends this, so it serves a new request at once.
+    LeaderChanged,
+    /// `409 Server Shutdown`: the request died with its leader's JetStream; a new leader
+    /// may not be elected yet.
+    LeaderShutDown,
     /// `503`: nothing serves the consumer right now; the request never landed.
     ConsumerUnavailable,
     /// A real problem with the request or the consumer.
@@ -69,9 +72,8 @@ impl PullStatus {
         match code {
             100 => PullStatus::Heartbeat,
             404 | 408 => PullStatus::Ended,
-            409 if starts(b"Leadership Change") || starts(b"Server Shutdown") => {
-                PullStatus::ConsumerMoved
-            }
+            409 if starts(b"Leadership Change") => PullStatus::LeaderChanged,
+            409 if starts(b"Server Shutdown") => PullStatus::LeaderShutDown,
             409 if starts(b"Consumer Deleted") || starts(b"Consumer is push based") => {
                 PullStatus::Rejected(Rejection::ConsumerGone)
             }
@@ -111,8 +113,8 @@ mod tests {
             (404, "No Messages", Ended),
             (409, "Batch Completed", Ended),
             (409, "Message Size Exceeds MaxBytes", Ended),
-            (409, "Leadership Change", ConsumerMoved),
-            (409, "Server Shutdown", ConsumerMoved),
+            (409, "Leadership Change", LeaderChanged),
+            (409, "Server Shutdown", LeaderShutDown),
             (503, "", ConsumerUnavailable),
             (409, "Consumer Deleted", Rejected(Rejection::ConsumerGone)),
             (

@@ -3,13 +3,15 @@
 //! ```text
 //!   client PUB ──► Live ──(credit used up, Ended status)──► gone (status relayed)
 //!                   │  ▲
-//!   ConsumerMoved,  │  │ placed Full
+//!   a 409,          │  │ placed Full
 //!   heartbeats      ▼  │
 //!   missed, ──► Unplaced{at, Probe|Full} ◄──(503: at + PROBE_INTERVAL)── Probing
 //!   failover        │   ▲                                                 ▲  │
 //!                   │   └──(unanswered by until + PROBE_GRACE: Probe)─────┘  │
 //!                   └──(at, upstream, no other probe on the inbox)──────────►┘
 //!                          Probing ──(answered: 408, 100 or a delivery)──► Unplaced{now, Full}
+//!   LeaderChanged (409 Leadership Change) ──► Unplaced{now, Full}: its sender is the new leader
+//!   LeaderShutDown, heartbeats missed, failover ──► Unplaced{now, Probe}: the consumer may be away
 //!   Unplaced at the client's deadline - EXPIRE_LEAD ──► 408 Request Timeout made by the proxy
 //!   Unplaced no_wait ──► 404 No Messages made by the proxy, at once
 //!   Live past deadline + LIVE_EXPIRY_GRACE without an end ──► forgotten
@@ -117,7 +119,7 @@ pub(super) enum Due {
 }
 
 impl Request {
-    /// Live ─ lost (`ConsumerMoved`, heartbeats missed, link failed) ─► Unplaced: the
+    /// Live ─ lost (a `409`, heartbeats missed, link failed) ─► Unplaced: the
     /// first loss since the last full placement starts the re-placement clock.
     pub(super) fn lose(&mut self, at: Instant, next: Placement, now: Instant) {
         self.lost_at.get_or_insert(now);

@@ -187,11 +187,35 @@ fn credit_accounting_with_deliveries_and_ending_statuses() {
 }
 
 #[test]
-fn consumer_moved_statuses_are_shielded_and_the_rest_placed_again() {
-    for line in [
-        "409 Leadership Change",
-        "409 Server Shutdown\r\nNats-Pending-Messages: 199\r\nNats-Pending-Bytes: 0",
-    ] {
+fn a_leadership_change_places_the_rest_in_full_at_once() {
+    // The new leader sends the 409: it serves a new request now, and a probe would
+    // only wait out its own expiry if that leader delivers a little later.
+    let t0 = Instant::now();
+    let mut t = PullTracker::default();
+    request(&mut t, VECTOR_BODY, t0);
+    assert_eq!(t.on_message(&delivery("1", 1), t0), Shield::Forward);
+    let t1 = t0 + Duration::from_secs(10);
+    let moved = status("1", "409 Leadership Change");
+    assert_eq!(t.on_message(&moved, t1), Shield::Hide);
+    let up = upstream(&t.on_timeout(t1, true));
+    assert_eq!(up.len(), 1);
+    let v = body_of(&up[0]);
+    assert_eq!(v["batch"], 199);
+    assert_eq!(v["expires"], Duration::from_secs(20).as_nanos() as u64);
+    assert_eq!(v["idle_heartbeat"], UPSTREAM_HB_MAX.as_nanos() as u64);
+    assert_eq!(t.unplaced(), 0, "placed in full");
+    assert_eq!(t.poll_replaced(), Some(Duration::ZERO));
+    // Its heartbeats stop (the new leader lost it too): probed, as any silent loss.
+    let late = t1 + UPSTREAM_HB_MAX * 2 + HB_SLACK;
+    let up = upstream(&t.on_timeout(late, true));
+    assert_eq!(up.len(), 1);
+    assert_eq!(body_of(&up[0])["expires"], PROBE_EXPIRES.as_nanos() as u64);
+}
+
+#[test]
+fn a_leader_shut_down_is_shielded_and_the_rest_probed_then_placed_again() {
+    {
+        let line = "409 Server Shutdown\r\nNats-Pending-Messages: 199\r\nNats-Pending-Bytes: 0";
         let t0 = Instant::now();
         let mut t = PullTracker::default();
         request(&mut t, VECTOR_BODY, t0);
@@ -555,7 +579,7 @@ fn a_placement_later_in_the_expiry_never_carries_a_heartbeat_too_large_for_it() 
     let body = br#"{"batch":200,"expires":30000000000,"idle_heartbeat":15000000000}"#;
     request(&mut t, body, t0);
     let t1 = t0 + Duration::from_secs(20);
-    let _ = t.on_message(&status("1", "409 Leadership Change"), t1);
+    let _ = t.on_message(&status("1", "409 Server Shutdown"), t1);
     t.on_timeout(t1, true);
     let _ = t.on_message(&status("1", "100 Idle Heartbeat"), t1);
     let t2 = t1 + PROBE_EXPIRES;
@@ -593,7 +617,7 @@ fn a_lost_requests_time_until_it_is_served_again_is_reported_once() {
     assert_eq!(t.unplaced(), 0);
     let t1 = t0 + Duration::from_secs(1);
     assert_eq!(
-        t.on_message(&status("1", "409 Leadership Change"), t1),
+        t.on_message(&status("1", "409 Server Shutdown"), t1),
         Shield::Hide
     );
     assert_eq!(t.unplaced(), 1, "lost: unplaced");

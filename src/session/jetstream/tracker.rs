@@ -297,13 +297,18 @@ impl PullTracker {
                     None => Shield::Forward,
                 }
             }
-            PullStatus::ConsumerMoved | PullStatus::ConsumerUnavailable => {
+            PullStatus::LeaderChanged
+            | PullStatus::LeaderShutDown
+            | PullStatus::ConsumerUnavailable => {
                 let newest = status == PullStatus::ConsumerUnavailable;
                 if let Some(i) = inbox.placed_on(reply, newest) {
                     let (at, next) = match (status, inbox.requests[i].phase) {
                         (PullStatus::ConsumerUnavailable, _) => {
                             (now + PROBE_INTERVAL, Placement::Probe)
                         }
+                        // The sender is the new leader: a probe would only wait out its
+                        // own expiry if that leader is not delivering yet.
+                        (PullStatus::LeaderChanged, _) => (now, Placement::Full),
                         (_, Phase::Probing { answered: true, .. }) => (now, Placement::Full),
                         _ => (now, Placement::Probe),
                     };

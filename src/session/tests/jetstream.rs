@@ -182,15 +182,18 @@ fn pull_statuses_through_the_session_shielded_or_passed_by_class() {
             String::from_utf8_lossy(&got)
         );
         if shielded && line.starts_with("409") {
-            // Placed again at once, as a probe with the remaining batch.
+            // Placed again at once with the remaining batch: in full after a leadership
+            // change (its sender is the new leader), else as a probe.
             let up = String::from_utf8(to_upstream(&a)).unwrap();
+            let expires = if line.contains("Leadership") {
+                Duration::from_secs(30).as_nanos()
+            } else {
+                crate::session::jetstream::phase::PROBE_EXPIRES.as_nanos()
+            };
             assert!(
                 up.contains("PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.CV _INBOX.v ")
                     && up.contains("\"batch\":200")
-                    && up.contains(&format!(
-                        "\"expires\":{}",
-                        crate::session::jetstream::phase::PROBE_EXPIRES.as_nanos()
-                    )),
+                    && up.contains(&format!("\"expires\":{expires}")),
                 "{line}: {up}"
             );
         }
