@@ -25,7 +25,8 @@ pub enum CloseReason {
     /// Every known node refused the handshake (the proxy's CONNECT on the client's
     /// behalf) with the same kind of `-ERR`; the client got the last one.
     UpstreamRefused,
-    /// The client wrote more than the proxy buffers toward the upstream... or read too slowly.
+    /// More than `max_client_pending` bytes were waiting for the client's socket (back-pressure
+    /// from a client that reads too slowly): nats-server's slow-consumer rule.
     SlowConsumer,
     /// The proxy is shutting down.
     Shutdown,

@@ -132,7 +132,7 @@ impl Session {
 
     pub(super) fn on_client_ping(&mut self) {
         let primary_ready = self.links.primary().is_some_and(Link::established);
-        if primary_ready || self.switching() || self.client_state_before_upstream() {
+        if primary_ready || self.switching() || self.starting() {
             self.replies.push_pong();
             self.send_publish(Pending::Ping);
         } else {
@@ -141,11 +141,6 @@ impl Session {
             self.replies.pong_arrived();
             self.flush_replies();
         }
-    }
-
-    /// True before the first upstream was ever established (start-up).
-    pub(super) fn client_state_before_upstream(&self) -> bool {
-        matches!(self.phase, Phase::Starting { .. })
     }
 
     pub(super) fn client_connected(&mut self) {

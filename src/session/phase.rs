@@ -130,6 +130,11 @@ impl Session {
         matches!(self.phase, Phase::Migrating(..) | Phase::Outage { .. })
     }
 
+    /// True before the first upstream was ever established (start-up).
+    pub(super) fn starting(&self) -> bool {
+        matches!(self.phase, Phase::Starting { .. })
+    }
+
     /// True while the switch barrier PING is out on the old primary.
     pub(super) fn switching(&self) -> bool {
         matches!(self.phase, Phase::Migrating(_, Step::Switching { .. }))

@@ -74,7 +74,7 @@ pub enum Placement {
 
 /// Where a request stands (see the module diagram).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
+pub enum PullPhase {
     Live { placed: Instant },
     Probing { until: Instant, answered: bool },
     Unplaced { at: Instant, next: Placement },
@@ -95,7 +95,7 @@ pub(super) struct Request {
     pub(super) no_hb: bool,
     /// The current placement is the client's own frame, unchanged.
     pub(super) as_sent: bool,
-    pub(super) phase: Phase,
+    pub(super) phase: PullPhase,
     /// When the request was found lost (its leader moved, its link failed, its
     /// heartbeats stopped); taken, and the time reported, by the consumer's first answer
     /// to a probe of it or by its next full placement, whichever comes first. A request
@@ -123,11 +123,11 @@ impl Request {
     /// first loss since the last full placement starts the re-placement clock.
     pub(super) fn lose(&mut self, at: Instant, next: Placement, now: Instant) {
         self.lost_at.get_or_insert(now);
-        self.phase = Phase::Unplaced { at, next };
+        self.phase = PullPhase::Unplaced { at, next };
     }
 
     pub(super) fn placed(&self) -> bool {
-        !matches!(self.phase, Phase::Unplaced { .. })
+        !matches!(self.phase, PullPhase::Unplaced { .. })
     }
 
     pub(super) fn remaining(&self, now: Instant) -> Option<Duration> {
@@ -156,21 +156,21 @@ impl Request {
         // A probe ends through `ProbeUnanswered` (then `Expire` at once, past the
         // deadline): its 408, if the consumer is there, comes at `until`.
         let expire = match self.phase {
-            Phase::Unplaced { .. } => self.expire_at().map(|t| (t, Due::Expire)),
+            PullPhase::Unplaced { .. } => self.expire_at().map(|t| (t, Due::Expire)),
             // The server answers a no_wait request at once; one without an expiry
             // (cnats, nats.go's first Fetch request) that got no answer is gone.
-            Phase::Live { placed } => self
+            PullPhase::Live { placed } => self
                 .deadline
                 .or(self.body.no_wait.then_some(placed))
                 .map(|d| (d + LIVE_EXPIRY_GRACE, Due::Forget)),
-            Phase::Probing { .. } => None,
+            PullPhase::Probing { .. } => None,
         };
         let own = match self.phase {
-            Phase::Live { placed } => self
+            PullPhase::Live { placed } => self
                 .hb
                 .map(|hb| (seen.max(placed) + hb * 2 + HB_SLACK, Due::HeartbeatsMissed)),
-            Phase::Probing { until, .. } => Some((until + PROBE_GRACE, Due::ProbeUnanswered)),
-            Phase::Unplaced { at, next } => {
+            PullPhase::Probing { until, .. } => Some((until + PROBE_GRACE, Due::ProbeUnanswered)),
+            PullPhase::Unplaced { at, next } => {
                 let blocked = !upstream || (next == Placement::Probe && probe_out);
                 (!blocked || self.body.no_wait).then_some((at, Due::Place(next)))
             }
@@ -205,9 +205,9 @@ pub(super) fn place(r: &mut Request, how: Placement, now: Instant) -> (Bytes, Op
         Placement::Full => {
             r.hb = hb;
             lost_for = r.lost_at.take().map(|t| now.saturating_duration_since(t));
-            Phase::Live { placed: now }
+            PullPhase::Live { placed: now }
         }
-        Placement::Probe => Phase::Probing {
+        Placement::Probe => PullPhase::Probing {
             until: now + expires.unwrap_or(PROBE_EXPIRES),
             answered: false,
         },

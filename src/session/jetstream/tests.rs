@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
-use super::phase::{Phase, EXPIRE_LEAD, HB_SLACK, PROBE_EXPIRES, PROBE_GRACE, PROBE_INTERVAL};
+use super::phase::{PullPhase, EXPIRE_LEAD, HB_SLACK, PROBE_EXPIRES, PROBE_GRACE, PROBE_INTERVAL};
 use super::request::{parse_body, UPSTREAM_HB_MAX};
 use super::*;
 use crate::proto::{encode, Limits, Message, ServerDecoder, ServerOp};
@@ -248,7 +248,7 @@ fn a_leader_shut_down_is_shielded_and_the_rest_probed_then_placed_again() {
         let want = (Duration::from_secs(20) - PROBE_EXPIRES).as_nanos() as u64;
         assert_eq!(exp, want);
         assert_eq!(v["idle_heartbeat"], UPSTREAM_HB_MAX.as_nanos() as u64);
-        assert!(matches!(t.phases(b"1")[..], [Phase::Live { .. }]));
+        assert!(matches!(t.phases(b"1")[..], [PullPhase::Live { .. }]));
     }
 }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::phase::{place, Due, Phase, Placement, Request, PROBE_INTERVAL};
+use super::phase::{place, Due, Placement, PullPhase, Request, PROBE_INTERVAL};
 use super::request::{self, Ask, Sequences};
 use crate::proto::status::{PullStatus, Rejection};
 use crate::proto::Message;
@@ -44,7 +44,7 @@ impl Inbox {
     fn probe_out(&self) -> bool {
         self.requests
             .iter()
-            .any(|r| matches!(r.phase, Phase::Probing { .. }))
+            .any(|r| matches!(r.phase, PullPhase::Probing { .. }))
     }
 
     /// The oldest (or `newest`) placed request on `reply` (statuses name the reply they
@@ -63,12 +63,12 @@ impl Inbox {
     fn consumer_answered(&mut self, now: Instant, replaced: &mut Replaced) {
         for r in self.requests.iter_mut() {
             match &mut r.phase {
-                Phase::Probing { answered, .. } => {
+                PullPhase::Probing { answered, .. } => {
                     *answered = true;
                     // The consumer serves it again: the gap it stood for ends here.
                     replaced.extend(r.lost_at.take().map(|t| now.saturating_duration_since(t)));
                 }
-                Phase::Unplaced { at, next } if *next == Placement::Probe => {
+                PullPhase::Unplaced { at, next } if *next == Placement::Probe => {
                     *at = now;
                     *next = Placement::Full;
                 }
@@ -154,13 +154,13 @@ impl PullTracker {
         self.inboxes
             .values()
             .flat_map(|i| i.requests.iter())
-            .filter(|r| !matches!(r.phase, Phase::Live { .. }))
+            .filter(|r| !matches!(r.phase, PullPhase::Live { .. }))
             .count()
     }
 
     /// The phases of the requests on `sid`, oldest first.
     #[cfg(test)]
-    pub fn phases(&self, sid: &[u8]) -> Vec<Phase> {
+    pub fn phases(&self, sid: &[u8]) -> Vec<PullPhase> {
         self.inboxes
             .get(sid)
             .map(|i| i.requests.iter().map(|r| r.phase).collect())
@@ -204,7 +204,7 @@ impl PullTracker {
             hb,
             no_hb: false,
             as_sent: rewritten.is_none(),
-            phase: Phase::Live { placed: now },
+            phase: PullPhase::Live { placed: now },
             lost_at: None,
             body,
         };
@@ -309,7 +309,7 @@ impl PullTracker {
                         // The sender is the new leader: a probe would only wait out its
                         // own expiry if that leader is not delivering yet.
                         (PullStatus::LeaderChanged, _) => (now, Placement::Full),
-                        (_, Phase::Probing { answered: true, .. }) => (now, Placement::Full),
+                        (_, PullPhase::Probing { answered: true, .. }) => (now, Placement::Full),
                         _ => (now, Placement::Probe),
                     };
                     let r = &mut inbox.requests[i];
@@ -329,7 +329,7 @@ impl PullTracker {
                         // Ours, not the client's: place it again without one.
                         let r = &mut inbox.requests[i];
                         r.no_hb = true;
-                        r.phase = Phase::Unplaced {
+                        r.phase = PullPhase::Unplaced {
                             at: now,
                             next: Placement::Full,
                         };
@@ -376,7 +376,7 @@ impl PullTracker {
             .values_mut()
             .flat_map(|i| i.requests.iter_mut())
         {
-            if let Phase::Unplaced {
+            if let PullPhase::Unplaced {
                 at,
                 next: Placement::Probe,
             } = &mut r.phase
@@ -426,8 +426,8 @@ impl PullTracker {
                     }
                     Due::HeartbeatsMissed => r.lose(now, Placement::Probe, now),
                     Due::ProbeUnanswered => {
-                        let answered = matches!(r.phase, Phase::Probing { answered: true, .. });
-                        r.phase = Phase::Unplaced {
+                        let answered = matches!(r.phase, PullPhase::Probing { answered: true, .. });
+                        r.phase = PullPhase::Unplaced {
                             at: now,
                             next: if answered {
                                 Placement::Full
@@ -496,8 +496,8 @@ impl PullTracker {
 fn ended(inbox: &mut Inbox, i: usize, now: Instant) -> Shield {
     let r = &mut inbox.requests[i];
     let client_time_left = r.remaining(now).is_none_or(|d| !d.is_zero());
-    if matches!(r.phase, Phase::Probing { .. }) && client_time_left && !r.body.no_wait {
-        r.phase = Phase::Unplaced {
+    if matches!(r.phase, PullPhase::Probing { .. }) && client_time_left && !r.body.no_wait {
+        r.phase = PullPhase::Unplaced {
             at: now,
             next: Placement::Full,
         };
