@@ -27,7 +27,8 @@
 //!
 //! `LeaderChanged`, `LeaderShutDown` and `ConsumerUnavailable` say nothing about the
 //! request itself, only that the consumer serving it went away (or, for the first, that
-//! a new leader serves it now): the proxy hides them and places the request again. Everything else is the server's true answer and reaches the client.
+//! a new leader serves it now): the proxy hides them and places the request again.
+//! Everything else is the server's true answer and reaches the client.
 
 use super::Message;
 
