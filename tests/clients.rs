@@ -345,24 +345,13 @@ async fn spawn_vector(url: &str, expect: u64, secs: u64) -> tokio::task::JoinHan
             consumers: 1,
             ..Default::default()
         };
-        let mut seen = std::collections::HashSet::new();
-        let mut last = Instant::now();
+        let mut got = Receipts::new();
         let deadline = Instant::now() + Duration::from_secs(secs);
         let run = vector::run(&mut messages, |m| {
-            let gap = last.elapsed();
-            if gap.as_millis() as u64 > o.max_gap_ms {
-                o.max_gap_ms = gap.as_millis() as u64;
-                o.resume_unix_ms = unix_ms();
-            }
-            last = Instant::now();
-            let n: u64 = std::str::from_utf8(&m.payload)
-                .unwrap_or("")
-                .parse()
-                .unwrap_or(0);
-            if !seen.insert(n) {
+            if !got.record(&mut o, &m.payload) {
                 o.dups += 1;
             }
-            if seen.len() as u64 >= expect {
+            if got.seen.len() as u64 >= expect {
                 ControlFlow::Break(())
             } else {
                 ControlFlow::Continue(())
@@ -373,7 +362,7 @@ async fn spawn_vector(url: &str, expect: u64, secs: u64) -> tokio::task::JoinHan
             o.errors += 1;
             o.stderr = format!("Err item (Vector's source stops here): {e}");
         }
-        o.received = seen.len() as u64;
+        o.received = got.seen.len() as u64;
         o.disconnects = changes.load(Ordering::Relaxed);
         o.ok = o.received >= expect && o.errors == 0 && o.disconnects == 0;
         o
@@ -393,9 +382,8 @@ async fn spawn_reference(url: String, expect: u64, secs: u64) -> tokio::task::Jo
             ..Default::default()
         };
         let deadline = Instant::now() + Duration::from_secs(secs);
-        let mut seen = std::collections::HashSet::new();
-        let mut last = Instant::now();
-        while (seen.len() as u64) < expect && Instant::now() < deadline {
+        let mut got = Receipts::new();
+        while (got.seen.len() as u64) < expect && Instant::now() < deadline {
             let consumer: Result<jetstream::consumer::PullConsumer, _> =
                 async { js.get_stream(STREAM).await?.get_consumer(REFERENCE).await }
                     .await
@@ -404,7 +392,7 @@ async fn spawn_reference(url: String, expect: u64, secs: u64) -> tokio::task::Jo
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             };
-            while (seen.len() as u64) < expect && Instant::now() < deadline {
+            while (got.seen.len() as u64) < expect && Instant::now() < deadline {
                 let batch = consumer
                     .fetch()
                     .max_messages(200)
@@ -416,24 +404,45 @@ async fn spawn_reference(url: String, expect: u64, secs: u64) -> tokio::task::Jo
                     continue;
                 };
                 while let Some(Ok(m)) = batch.next().await {
-                    let gap = last.elapsed();
-                    if gap.as_millis() as u64 > o.max_gap_ms {
-                        o.max_gap_ms = gap.as_millis() as u64;
-                        o.resume_unix_ms = unix_ms();
-                    }
-                    last = Instant::now();
-                    let n: u64 = std::str::from_utf8(&m.payload)
-                        .unwrap_or("")
-                        .parse()
-                        .unwrap_or(0);
-                    seen.insert(n);
+                    got.record(&mut o, &m.payload);
                     let _ = m.ack().await;
                 }
             }
         }
-        o.received = seen.len() as u64;
+        o.received = got.seen.len() as u64;
         o
     })
+}
+
+/// What an in-process consumer has received: the message numbers seen, and when the
+/// last one came, for the largest gap of its [`Outcome`].
+struct Receipts {
+    seen: std::collections::HashSet<u64>,
+    last: Instant,
+}
+
+impl Receipts {
+    fn new() -> Self {
+        Receipts {
+            seen: Default::default(),
+            last: Instant::now(),
+        }
+    }
+
+    /// Records one message's payload (its number); false if that number came before.
+    fn record(&mut self, o: &mut Outcome, payload: &[u8]) -> bool {
+        let gap = self.last.elapsed().as_millis() as u64;
+        if gap > o.max_gap_ms {
+            o.max_gap_ms = gap;
+            o.resume_unix_ms = unix_ms();
+        }
+        self.last = Instant::now();
+        let n = std::str::from_utf8(payload)
+            .unwrap_or("")
+            .parse()
+            .unwrap_or(0);
+        self.seen.insert(n)
+    }
 }
 
 async fn setup(cluster: &Cluster, replicas: usize, place_on: Option<&str>, durables: &[&str]) {
