@@ -214,42 +214,40 @@ fn a_leadership_change_places_the_rest_in_full_at_once() {
 
 #[test]
 fn a_leader_shut_down_is_shielded_and_the_rest_probed_then_placed_again() {
-    {
-        let line = "409 Server Shutdown\r\nNats-Pending-Messages: 199\r\nNats-Pending-Bytes: 0";
-        let t0 = Instant::now();
-        let mut t = PullTracker::default();
-        request(&mut t, VECTOR_BODY, t0);
-        assert_eq!(t.on_message(&delivery("1", 1), t0), Shield::Forward);
-        let t1 = t0 + Duration::from_secs(10);
-        assert_eq!(t.on_message(&status("1", line), t1), Shield::Hide, "{line}");
-        // A probe first (is the new leader there?), with the remaining batch.
-        let out = t.on_timeout(t1, true);
-        let up = upstream(&out);
-        assert_eq!(up.len(), 1);
-        let v = body_of(&up[0]);
-        assert_eq!(v["batch"], 199);
-        assert_eq!(v["expires"], PROBE_EXPIRES.as_nanos() as u64);
-        assert!(v.get("idle_heartbeat").is_none());
-        // The new leader delivers on it: the consumer is back; at the probe's end the
-        // rest is placed in full with the client's remaining expiry.
-        assert_eq!(t.on_message(&delivery("1", 2), t1), Shield::Forward);
-        let t2 = t1 + PROBE_EXPIRES;
-        let end = "408 Request Timeout\r\nNats-Pending-Messages: 198\r\nNats-Pending-Bytes: 0";
-        assert_eq!(
-            t.on_message(&status("1", end), t2),
-            Shield::Swallow,
-            "the probe's end is ours"
-        );
-        let up = upstream(&t.on_timeout(t2, true));
-        assert_eq!(up.len(), 1);
-        let v = body_of(&up[0]);
-        assert_eq!(v["batch"], 198);
-        let exp = v["expires"].as_u64().unwrap();
-        let want = (Duration::from_secs(20) - PROBE_EXPIRES).as_nanos() as u64;
-        assert_eq!(exp, want);
-        assert_eq!(v["idle_heartbeat"], UPSTREAM_HB_MAX.as_nanos() as u64);
-        assert!(matches!(t.phases(b"1")[..], [PullPhase::Live { .. }]));
-    }
+    let line = "409 Server Shutdown\r\nNats-Pending-Messages: 199\r\nNats-Pending-Bytes: 0";
+    let t0 = Instant::now();
+    let mut t = PullTracker::default();
+    request(&mut t, VECTOR_BODY, t0);
+    assert_eq!(t.on_message(&delivery("1", 1), t0), Shield::Forward);
+    let t1 = t0 + Duration::from_secs(10);
+    assert_eq!(t.on_message(&status("1", line), t1), Shield::Hide, "{line}");
+    // A probe first (is the new leader there?), with the remaining batch.
+    let out = t.on_timeout(t1, true);
+    let up = upstream(&out);
+    assert_eq!(up.len(), 1);
+    let v = body_of(&up[0]);
+    assert_eq!(v["batch"], 199);
+    assert_eq!(v["expires"], PROBE_EXPIRES.as_nanos() as u64);
+    assert!(v.get("idle_heartbeat").is_none());
+    // The new leader delivers on it: the consumer is back; at the probe's end the
+    // rest is placed in full with the client's remaining expiry.
+    assert_eq!(t.on_message(&delivery("1", 2), t1), Shield::Forward);
+    let t2 = t1 + PROBE_EXPIRES;
+    let end = "408 Request Timeout\r\nNats-Pending-Messages: 198\r\nNats-Pending-Bytes: 0";
+    assert_eq!(
+        t.on_message(&status("1", end), t2),
+        Shield::Swallow,
+        "the probe's end is ours"
+    );
+    let up = upstream(&t.on_timeout(t2, true));
+    assert_eq!(up.len(), 1);
+    let v = body_of(&up[0]);
+    assert_eq!(v["batch"], 198);
+    let exp = v["expires"].as_u64().unwrap();
+    let want = (Duration::from_secs(20) - PROBE_EXPIRES).as_nanos() as u64;
+    assert_eq!(exp, want);
+    assert_eq!(v["idle_heartbeat"], UPSTREAM_HB_MAX.as_nanos() as u64);
+    assert!(matches!(t.phases(b"1")[..], [PullPhase::Live { .. }]));
 }
 
 #[test]
