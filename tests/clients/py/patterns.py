@@ -12,6 +12,8 @@ value last written to each key; every object read back must equal what was writt
 library error (error callback, consumer or watcher exception), disconnect or reconnect
 counts and fails the run. Writes (KV puts, object puts) that fail while a node restarts
 are retried and counted as write_retries: that is the cluster's answer, not the proxy's.
+So is an ordered consumer's recreate request left unanswered (recreate_timeouts, see
+on_error) as long as the watcher still ends with every last value.
 
 usage: patterns.py URL STREAM EXPECT DEADLINE_SECS [no-ordered]
 
@@ -28,11 +30,12 @@ import sys
 import time
 
 import nats
+import nats.errors
 from nats.js.api import ObjectStoreConfig
 
 
 async def main(url, stream, expect, secs, ordered):
-    counts = {"errors": 0, "disconnects": 0, "write_retries": 0}
+    counts = {"errors": 0, "disconnects": 0, "write_retries": 0, "recreate_timeouts": 0}
     deadline = time.time() + secs
 
     def error(what):
@@ -48,6 +51,15 @@ async def main(url, stream, expect, secs, ordered):
         print("ERROR reconnected", file=sys.stderr, flush=True)
 
     async def on_error(e):
+        if type(e) is nats.errors.TimeoutError:
+            # The one request nats-py answers this way through error_cb: the create of an
+            # ordered consumer it recreates (the KV watcher's, R1 in memory, on the node
+            # away). 2.9.10 left it unanswered (measured: 3 of 8 runs, still unanswered
+            # after 20 s) while creating the consumer, which delivers; the watcher check
+            # below proves the watcher got every last value. The cluster's answer.
+            counts["recreate_timeouts"] += 1
+            print(f"recreate timeout at {time.time():.3f}", file=sys.stderr, flush=True)
+            return
         # vars(): a ConsumerSequenceMismatchError's sequences are attributes only.
         error(f"async: {type(e).__name__}: {vars(e) or e!r}")
 
@@ -152,7 +164,8 @@ async def main(url, stream, expect, secs, ordered):
     watch_task.cancel()
     received = min(len(s) for s in seen.values())
     print(f"patterns: {({k: len(v) for k, v in seen.items()})} dups={dups} kv_keys={len(written)} "
-          f"objects_checked={objects['checked']} write_retries={counts['write_retries']}",
+          f"objects_checked={objects['checked']} write_retries={counts['write_retries']} "
+          f"recreate_timeouts={counts['recreate_timeouts']}",
           file=sys.stderr, flush=True)
     print(f"RESULT received={received} dups={sum(dups.values())} errors={counts['errors']} "
           f"disconnects={counts['disconnects']} max_gap_ms={int(gap['max'] * 1000)} "
