@@ -52,11 +52,11 @@ async def main(url, stream, expect, secs, ordered):
 
     async def on_error(e):
         if type(e) is nats.errors.TimeoutError:
-            # The one request nats-py answers this way through error_cb: the create of an
-            # ordered consumer it recreates (the KV watcher's, R1 in memory, on the node
-            # away). 2.9.10 left it unanswered (measured: 3 of 8 runs, still unanswered
-            # after 20 s) while creating the consumer, which delivers; the watcher check
-            # below proves the watcher got every last value. The cluster's answer.
+            # nats-py hands a bare TimeoutError to error_cb in one place only: the create
+            # request of an ordered consumer it recreates (here the KV watcher's, R1 in
+            # memory, when it lived on the node away). 2.9.10 left that request
+            # unanswered (3 of 8 runs; once still after 20 s) yet created the consumer;
+            # the watcher check below proves every last value arrived.
             counts["recreate_timeouts"] += 1
             print(f"recreate timeout at {time.time():.3f}", file=sys.stderr, flush=True)
             return
