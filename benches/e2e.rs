@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
-// The tests' cluster harness, for the migration-cost section.
+// The tests' harness over the test kit: free ports, the server binary, the cluster for
+// the migration-cost section.
 #[path = "../tests/common/mod.rs"]
 mod common;
 
@@ -100,17 +101,7 @@ fn relay(listen: &str, upstream: &str) {
     });
 }
 
-use common::free_port;
-
-fn server_bin() -> std::path::PathBuf {
-    if let Ok(p) = std::env::var("NATS_SERVER_BIN") {
-        return p.into();
-    }
-    std::env::split_paths(&std::env::var_os("PATH").unwrap())
-        .map(|d| d.join("nats-server"))
-        .find(|p| p.is_file())
-        .expect("nats-server on PATH or NATS_SERVER_BIN")
-}
+use common::{free_port, server_bin};
 
 struct Proc(Child);
 impl Drop for Proc {
@@ -339,10 +330,10 @@ async fn js_pull(env: &Env, path: Path, n: u64) -> f64 {
         a.await.unwrap();
     }
     let js = jetstream::new(async_nats::connect(env.url(path)).await.unwrap());
-    let mut msgs = natsproxy::vector::open(&js, &name, "C").await.unwrap();
+    let mut msgs = natsproxy_kit::vector::open(&js, &name, "C").await.unwrap();
     let start = Instant::now();
     let mut got = 0;
-    let end = natsproxy::vector::run(&mut msgs, |_| {
+    let end = natsproxy_kit::vector::run(&mut msgs, |_| {
         got += 1;
         if got >= n {
             std::ops::ControlFlow::Break(())
@@ -352,7 +343,11 @@ async fn js_pull(env: &Env, path: Path, n: u64) -> f64 {
     })
     .await;
     let took = start.elapsed();
-    assert_eq!(end, natsproxy::vector::End::Stopped, "after {got} of {n}");
+    assert_eq!(
+        end,
+        natsproxy_kit::vector::End::Stopped,
+        "after {got} of {n}"
+    );
     let _ = direct.delete_stream(&name).await;
     n as f64 / took.as_secs_f64()
 }
@@ -390,7 +385,8 @@ async fn migration_cost(rate: u64) -> (Duration, Duration, u64, u64) {
         publisher_node: true,
         ..Default::default()
     })
-    .await;
+    .await
+    .unwrap();
     let proxy = common::TestProxy::start(&cluster.urls()).await;
     let sub_c = async_nats::ConnectOptions::new()
         .subscription_capacity(1 << 20)
@@ -441,8 +437,8 @@ async fn migration_cost(rate: u64) -> (Duration, Duration, u64, u64) {
         })
     };
     tokio::time::sleep(Duration::from_secs(1)).await;
-    cluster.lame_duck(0);
-    cluster.wait_exit(0, Duration::from_secs(40)).await;
+    cluster.lame_duck(0).unwrap();
+    cluster.wait_exit(0, Duration::from_secs(40)).await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     stop.store(true, Ordering::Relaxed);
     tx.await.unwrap();

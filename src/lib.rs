@@ -11,13 +11,14 @@
 //! - [`auth`]: credentials the proxy holds and asks for, nonce signing.
 //! - [`cli`] and [`settings`]: one struct for flags, environment and file; merged,
 //!   checked and turned into a [`config::Config`].
-//! - `vector` (feature `demo`): Vector 0.51's consumer loop, the one copy the demo, the
-//!   tests and the benchmark run.
+//!
+//! The binary (`src/bin/natsproxy/`) adds the `demo` subcommand on top of this library and
+//! the test kit (`kit/`); the library itself holds no demo or test code, with or without
+//! the `demo` feature.
 
 pub mod auth;
 pub mod cli;
 pub mod config;
-pub mod demo;
 pub mod metrics;
 pub mod proto;
 pub mod proxy;
@@ -25,6 +26,3 @@ pub mod session;
 pub mod settings;
 pub mod shutdown;
 pub mod telemetry;
-/// Vector's JetStream source loop, shared by the demo, the tests and the benchmark.
-#[cfg(feature = "demo")]
-pub mod vector;

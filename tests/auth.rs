@@ -108,7 +108,7 @@ async fn trusted_proxy_signature_is_accepted_and_required() {
 
 #[test]
 fn secrets_never_appear_in_output_or_errors() {
-    let dir = TempDir::new("secrets");
+    let dir = temp_dir("secrets");
     let (seed, public) = new_user();
     let seed_file = dir.0.join("proxy.nk");
     std::fs::write(&seed_file, &seed).unwrap();

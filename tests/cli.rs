@@ -158,7 +158,7 @@ fn check_config(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
 
 #[test]
 fn configuration_precedence_is_flag_then_env_then_file_then_default() {
-    let dir = TempDir::new("cfg");
+    let dir = temp_dir("cfg");
     let file = dir.0.join("natsproxy.toml");
     std::fs::write(
         &file,
@@ -213,7 +213,7 @@ fn configuration_precedence_is_flag_then_env_then_file_then_default() {
 
 #[test]
 fn configuration_file_errors_name_the_key_and_the_fix() {
-    let dir = TempDir::new("cfgbad");
+    let dir = temp_dir("cfgbad");
     let cases: &[(&str, &str)] = &[
         (
             "upstream = \"nats://n1:4222\"\npingg_interval = \"1s\"\n",
@@ -262,15 +262,19 @@ fn run_demo(args: &[&str]) -> (std::process::ExitStatus, String, String, Duratio
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     println!("{stdout}");
-    let dir = std::env::temp_dir().join(format!("natsproxy-demo-{pid}"));
-    assert!(!dir.exists(), "demo left {}", dir.display());
+    // Its cluster's directory is `natsproxy-demo-{pid}-{n}` (the kit's `TempDir`).
+    let prefix = format!("natsproxy-demo-{pid}-");
+    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "demo left {left:?}");
     // No nats-server of the demo survives it (their configs lived in that directory).
     let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
     let ps = String::from_utf8_lossy(&ps.stdout);
-    assert!(
-        !ps.contains(&format!("natsproxy-demo-{pid}")),
-        "demo left processes:\n{ps}"
-    );
+    assert!(!ps.contains(&prefix), "demo left processes:\n{ps}");
     (out.status, stdout, stderr, took)
 }
 
@@ -335,7 +339,7 @@ fn demo_without_a_server_binary_says_how_to_get_one() {
 
 #[test]
 fn every_file_named_is_loaded_and_a_bad_one_is_a_configuration_error() {
-    let dir = TempDir::new("cli-files");
+    let dir = temp_dir("cli-files");
     let garbage = dir.0.join("garbage.pem");
     std::fs::write(&garbage, "this is not PEM\n").unwrap();
     let g = garbage.display().to_string();
@@ -447,7 +451,7 @@ async fn sigterm_with_no_client_exits_at_once() {
 #[test]
 fn every_option_works_as_flag_env_and_file() {
     use clap::CommandFactory;
-    let dir = TempDir::new("every-option");
+    let dir = temp_dir("every-option");
     let file = |name: &str, text: &str| {
         let p = dir.0.join(name);
         std::fs::write(&p, text).unwrap();
@@ -670,8 +674,9 @@ async fn a_migration_and_a_failover_are_one_log_line_each_with_their_fields() {
         nodes: 3,
         ..Default::default()
     })
-    .await;
-    let dir = TempDir::new("loglines");
+    .await
+    .unwrap();
+    let dir = temp_dir("loglines");
     let log_path = dir.0.join("natsproxy.log");
     let port = free_port();
     let mut child = Command::new(BIN)
@@ -733,7 +738,7 @@ async fn a_migration_and_a_failover_are_one_log_line_each_with_their_fields() {
         }
     })
     .await;
-    cluster.lame_duck(i);
+    cluster.lame_duck(i).unwrap();
     let migrated = line_of("migrated to a new upstream").await;
     assert_eq!(migrated.len(), 1, "one line: {migrated:?}");
     let m = &migrated[0];

@@ -9,15 +9,13 @@
 //! (message id = number, retried until stored), so every loss counted is the proxy's.
 //! All clients of a scenario run side by side. Set-up: `.ci/setup` installs Go, cnats,
 //! the npm packages and nats-py.
-// Vector's loop (`natsproxy::vector`) is part of the `demo` feature.
-#![cfg(feature = "demo")]
 
 mod common;
-use common::cluster::{http_get, Cluster, ClusterOpts};
+use common::cluster::{Cluster, ClusterOpts};
 use common::*;
 
 use async_nats::jetstream::{self, consumer::pull, consumer::push, stream};
-use natsproxy::vector;
+use natsproxy_kit::vector;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -564,7 +562,8 @@ async fn start(
         publisher_node: true,
         ..Default::default()
     })
-    .await;
+    .await
+    .unwrap();
     let mut durables: Vec<&str> = clients
         .iter()
         .filter_map(|c| match c.mode {
@@ -710,10 +709,13 @@ async fn every_client_through_a_rolling_lame_duck_restart_r3() {
     let core = spawn_core_publisher(&run, N, 150).await;
     for i in 0..3 {
         eprintln!("n{} lame duck at unix ms {}", i + 1, unix_ms());
-        run.cluster.lame_duck(i);
-        run.cluster.wait_exit(i, Duration::from_secs(40)).await;
+        run.cluster.lame_duck(i).unwrap();
+        run.cluster
+            .wait_exit(i, Duration::from_secs(40))
+            .await
+            .unwrap();
         eprintln!("n{} exited at unix ms {}", i + 1, unix_ms());
-        run.cluster.restart(i).await;
+        run.cluster.restart(i).await.unwrap();
         eprintln!("n{} healthy at unix ms {}", i + 1, unix_ms());
     }
     let publisher_gap = within(Duration::from_secs(120), "publisher", publisher)
@@ -764,11 +766,14 @@ async fn every_client_through_a_40s_outage_of_its_r1_consumer() {
         }
     })
     .await;
-    run.cluster.lame_duck(0);
-    run.cluster.wait_exit(0, Duration::from_secs(40)).await;
+    run.cluster.lame_duck(0).unwrap();
+    run.cluster
+        .wait_exit(0, Duration::from_secs(40))
+        .await
+        .unwrap();
     let away = Instant::now();
     tokio::time::sleep(Duration::from_secs(40).saturating_sub(away.elapsed())).await;
-    let healthy = run.cluster.restart(0).await;
+    let healthy = run.cluster.restart(0).await.unwrap();
     let healthy = healthy.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
     within(Duration::from_secs(120), "publisher", publisher)
         .await
@@ -838,7 +843,8 @@ async fn nats_py_push_consumer_through_a_redelivery_of_what_it_acked() {
         jetstream: true,
         ..Default::default()
     })
-    .await;
+    .await
+    .unwrap();
     let js = jetstream::new(async_nats::connect(cluster.nodes[0].url()).await.unwrap());
     let mut consumer = within(Duration::from_secs(30), "stream and push consumer", async {
         loop {
@@ -940,7 +946,7 @@ async fn nats_py_push_consumer_through_a_redelivery_of_what_it_acked() {
         })
         .await;
     }
-    cluster.stop(l);
+    cluster.stop(l).unwrap();
     stdin.write_all(b"ack\n").await.unwrap();
     expect_line("ACKED").await;
     cluster.kill(l);

@@ -110,7 +110,7 @@ fn kubernetes_and_helm_files_embed_the_same_vector_config() {
 
 #[test]
 fn nats_lame_duck_snippet_is_accepted_by_nats_server() {
-    let dir = TempDir::new("deploy");
+    let dir = temp_dir("deploy");
     let snippet = std::fs::read_to_string(repo("deploy/nats/lame-duck.conf")).unwrap();
     let pid = dir.0.join("nats.pid");
     let conf = snippet.replace("/var/run/nats/nats.pid", pid.to_str().unwrap())
@@ -153,7 +153,7 @@ fn systemd_unit_and_its_config_file() {
         return;
     };
     assert!(sa.status.success());
-    let dir = TempDir::new("unit");
+    let dir = temp_dir("unit");
     let path = dir.0.join("natsproxy.service");
     std::fs::write(
         &path,
@@ -289,7 +289,7 @@ fn dockerfile_build_stage_builds_from_exactly_what_it_copies() {
 /// other packages installed already and changes nothing.
 #[test]
 fn setup_script_falls_back_to_a_virtual_environment() {
-    let dir = TempDir::new("venv");
+    let dir = temp_dir("venv");
     let venv = dir.0.join("venv");
     let out = Command::new("bash")
         .arg(repo(".ci/setup"))

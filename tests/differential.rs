@@ -9,7 +9,6 @@
 //! each proxied connection exactly one upstream dial, whatever the input.
 
 mod common;
-use common::cluster;
 use common::*;
 
 use std::net::SocketAddr;
@@ -261,7 +260,7 @@ impl Pair {
             "the server to drop the run's connections",
             async {
                 loop {
-                    let varz = cluster::http_get(self.http, "/varz")
+                    let varz = common::http_get(self.http, "/varz")
                         .await
                         .unwrap_or_default();
                     if varz.contains("\"connections\": 0,") {

@@ -1,14 +1,12 @@
 //! A JetStream durable pull consumer read through the proxy exactly as Vector 0.51 reads
 //! it (async-nats 0.42, `consumer.stream().max_messages_per_batch(200)`, stop at the first
 //! `Err` item, ack every message).
-// Vector's loop (`natsproxy::vector`) is part of the `demo` feature.
-#![cfg(feature = "demo")]
 
 mod common;
 use common::*;
 
 use async_nats::jetstream::{self, consumer::pull, stream};
-use natsproxy::vector;
+use natsproxy_kit::vector;
 use std::ops::ControlFlow;
 use std::time::Duration;
 

@@ -4,16 +4,14 @@
 //! stopping at the first `Err` item (Vector's `while let Some(Ok(msg))`), acking each
 //! message. A publisher on a 4th node (never restarted) sends a numbered stream with
 //! message ids (retried until stored, de-duplicated by the stream).
-// Vector's loop (`natsproxy::vector`) is part of the `demo` feature.
-#![cfg(feature = "demo")]
 
 mod common;
-use common::cluster::{http_get, Cluster, ClusterOpts};
+use common::cluster::{Cluster, ClusterOpts};
 use common::*;
 
 use async_nats::jetstream::{self, consumer::pull, stream};
 use futures::StreamExt;
-use natsproxy::vector;
+use natsproxy_kit::vector;
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -220,6 +218,7 @@ async fn js_cluster() -> Cluster {
         ..Default::default()
     })
     .await
+    .unwrap()
 }
 
 /// Which client consumes through the proxy.
@@ -322,9 +321,9 @@ async fn rolling_restart_with(client: Client) {
     let consumer = spawn_consumer(client, proxy.url(), seen.clone());
     for i in 0..3 {
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        cluster.lame_duck(i);
-        cluster.wait_exit(i, Duration::from_secs(40)).await;
-        cluster.restart(i).await;
+        cluster.lame_duck(i).unwrap();
+        cluster.wait_exit(i, Duration::from_secs(40)).await.unwrap();
+        cluster.restart(i).await.unwrap();
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     stop.store(true, Ordering::Relaxed);
@@ -373,8 +372,8 @@ async fn r1_consumer_on_the_lame_duck_node_resumes_when_it_returns() {
     );
     let consumer = spawn_vector_consumer(proxy.url(), seen.clone());
     tokio::time::sleep(Duration::from_secs(2)).await;
-    cluster.lame_duck(0);
-    cluster.wait_exit(0, Duration::from_secs(40)).await;
+    cluster.lame_duck(0).unwrap();
+    cluster.wait_exit(0, Duration::from_secs(40)).await.unwrap();
     // Away long enough for async-nats' own 35 s backstop re-pull to hit the offline
     // consumer (a 503 that would end Vector's source).
     tokio::time::sleep(Duration::from_secs(40)).await;
@@ -389,7 +388,7 @@ async fn r1_consumer_on_the_lame_duck_node_resumes_when_it_returns() {
         "pull_requests_unplaced while the consumer is away: {}",
         proxy.stats.pulls_unplaced.get()
     );
-    cluster.restart(0).await;
+    cluster.restart(0).await.unwrap();
     let back = Instant::now();
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::Relaxed);
@@ -446,9 +445,9 @@ async fn control_r1_consumer_direct_to_the_cluster_fails() {
         !seen.lock().unwrap().msgs.is_empty(),
         "consuming before the fault"
     );
-    cluster.lame_duck(0);
+    cluster.lame_duck(0).unwrap();
     let t = Instant::now();
-    cluster.wait_exit(0, Duration::from_secs(40)).await;
+    cluster.wait_exit(0, Duration::from_secs(40)).await.unwrap();
     while seen.lock().unwrap().err.is_none() && t.elapsed() < Duration::from_secs(45) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -460,7 +459,7 @@ async fn control_r1_consumer_direct_to_the_cluster_fails() {
             t.elapsed()
         );
     } else {
-        cluster.restart(0).await;
+        cluster.restart(0).await.unwrap();
         let before = seen.lock().unwrap().msgs.len();
         tokio::time::sleep(Duration::from_secs(20)).await;
         let after = seen.lock().unwrap().msgs.len();
@@ -511,7 +510,7 @@ async fn fault_during_consumption(stop_node: bool) {
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     if stop_node {
-        cluster.stop(node);
+        cluster.stop(node).unwrap();
     } else {
         cluster.kill(node);
     }
@@ -527,7 +526,7 @@ async fn fault_during_consumption(stop_node: bool) {
     };
     report(what, &seen, published, Some(&proxy));
     if stop_node {
-        cluster.cont(node);
+        cluster.cont(node).unwrap();
     }
     consumer.abort();
 }
@@ -652,9 +651,9 @@ async fn soak_rolling_restarts() {
     while started.elapsed() < Duration::from_secs(secs) {
         for i in 0..3 {
             tokio::time::sleep(Duration::from_secs(2)).await;
-            cluster.lame_duck(i);
-            cluster.wait_exit(i, Duration::from_secs(40)).await;
-            cluster.restart(i).await;
+            cluster.lame_duck(i).unwrap();
+            cluster.wait_exit(i, Duration::from_secs(40)).await.unwrap();
+            cluster.restart(i).await.unwrap();
         }
         rounds += 1;
         if rounds == 1 {

@@ -159,7 +159,8 @@ async fn rolling_lame_duck_restart_is_invisible_to_clients() {
         publisher_node: true,
         ..Default::default()
     })
-    .await;
+    .await
+    .unwrap();
     let proxy = TestProxy::start(&cluster.urls()).await;
     let events = Arc::new(Mutex::new(Vec::new()));
     let plain_c = client(&proxy.url(), "plain", events.clone()).await;
@@ -265,9 +266,9 @@ async fn rolling_lame_duck_restart_is_invisible_to_clients() {
     let started = Instant::now();
     for i in 0..3 {
         tokio::time::sleep(Duration::from_millis(500)).await; // traffic between restarts
-        cluster.lame_duck(i);
-        cluster.wait_exit(i, Duration::from_secs(40)).await;
-        cluster.restart(i).await;
+        cluster.lame_duck(i).unwrap();
+        cluster.wait_exit(i, Duration::from_secs(40)).await.unwrap();
+        cluster.restart(i).await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::Relaxed);
@@ -360,7 +361,8 @@ async fn core_client_on_a_node(name: &str) -> OnNode {
         publisher_node: true,
         ..Default::default()
     })
-    .await;
+    .await
+    .unwrap();
     let proxy = TestProxy::start(&cluster.urls()).await;
     let events = Arc::new(Mutex::new(Vec::new()));
     let c = client(&proxy.url(), name, events.clone()).await;
@@ -420,7 +422,7 @@ async fn fault_of_current_node(stop_node: bool) -> Duration {
     let fault_at = Instant::now();
     let seq_at_fault = seq.load(Ordering::Relaxed);
     if stop_node {
-        cluster.stop(node);
+        cluster.stop(node).unwrap();
     } else {
         cluster.kill(node);
     }
@@ -447,7 +449,7 @@ async fn fault_of_current_node(stop_node: bool) -> Duration {
         .await
         .unwrap();
     if stop_node {
-        cluster.cont(node);
+        cluster.cont(node).unwrap();
     }
 
     // Order and no duplicates always; loss only in the detection window (core NATS).
@@ -536,7 +538,8 @@ async fn metrics_move_and_readiness_holds_through_a_migration() {
         publisher_node: true,
         ..Default::default()
     })
-    .await;
+    .await
+    .unwrap();
     let proxy = TestProxy::start_with(&cluster.urls(), |c| {
         c.metrics_listen = Some("127.0.0.1:0".parse().unwrap())
     })
@@ -621,7 +624,7 @@ async fn metrics_move_and_readiness_holds_through_a_migration() {
             (ok, bad)
         })
     };
-    cluster.lame_duck(on);
+    cluster.lame_duck(on).unwrap();
     let body = within(
         Duration::from_secs(20),
         "the migration to show in /metrics",
@@ -707,7 +710,10 @@ async fn metrics_move_and_readiness_holds_through_a_migration() {
     .await;
     println!("first message after the migration: publish {sent}");
     // Keep probing until the old node has exited.
-    cluster.wait_exit(on, Duration::from_secs(40)).await;
+    cluster
+        .wait_exit(on, Duration::from_secs(40))
+        .await
+        .unwrap();
     stop.store(true, Ordering::Relaxed);
     let (ok, bad) = probes.await.unwrap();
     println!("/readyz during the migration: {ok} × 200, {bad} × other");
@@ -736,7 +742,8 @@ async fn an_idle_subscription_loses_nothing_when_the_new_nodes_interest_comes_la
         lame_duck_grace: Some(Duration::from_secs(2)),
         ..Default::default()
     })
-    .await;
+    .await
+    .unwrap();
     let slowed: u64 = cluster
         .forwarders
         .iter()
@@ -761,7 +768,7 @@ async fn an_idle_subscription_loses_nothing_when_the_new_nodes_interest_comes_la
     wait_flowing(&publisher, "idle.probe", &mut probe).await;
     drop(probe);
     slow.set_delay(ROUTE_DELAY);
-    cluster.lame_duck(0);
+    cluster.lame_duck(0).unwrap();
     within(Duration::from_secs(10), "the switch to n2", async {
         while proxy.stats.migrations.get() == 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -834,14 +841,14 @@ async fn a_frozen_node_costs_at_most_300_messages_and_a_stall_moves_nothing() {
         .await
     };
     wait_for(200).await;
-    cluster.stop(node);
+    cluster.stop(node).unwrap();
     let frozen_at = seq.load(Ordering::Relaxed);
     wait_for(frozen_at + 8 * 200).await;
-    cluster.cont(node);
+    cluster.cont(node).unwrap();
     let failovers = proxy.stats.failovers.get();
     let hedges = proxy.stats.hedges.get();
     // Back in the cluster; the proxy now sits on another node. Stall that one 500 ms.
-    cluster.wait_routes().await;
+    cluster.wait_routes().await.unwrap();
     let now_on = within(Duration::from_secs(5), "the proxy's new node", async {
         loop {
             match cluster.node_of_client("frozen").await {
@@ -853,9 +860,9 @@ async fn a_frozen_node_costs_at_most_300_messages_and_a_stall_moves_nothing() {
     .await;
     let before = seq.load(Ordering::Relaxed);
     wait_for(before + 200).await;
-    cluster.stop(now_on);
+    cluster.stop(now_on).unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    cluster.cont(now_on);
+    cluster.cont(now_on).unwrap();
     wait_for(seq.load(Ordering::Relaxed) + 400).await;
     stop.store(true, Ordering::Relaxed);
     pubs.await.unwrap();
@@ -905,7 +912,8 @@ async fn an_outage_shows_in_the_gauge_while_it_lasts_and_in_the_histogram_after(
         nodes: 1,
         ..Default::default()
     })
-    .await;
+    .await
+    .unwrap();
     let proxy = TestProxy::start(&cluster.urls()).await;
     let client = async_nats::connect(proxy.url()).await.unwrap();
     roundtrip(&client, "outage.before").await;
@@ -921,7 +929,7 @@ async fn an_outage_shows_in_the_gauge_while_it_lasts_and_in_the_histogram_after(
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(st.sessions_without_upstream.get(), 1, "still in the outage");
-    cluster.restart(0).await;
+    cluster.restart(0).await.unwrap();
     roundtrip(&client, "outage.after").await;
     let away = lost.elapsed();
     assert_eq!(st.sessions_without_upstream.get(), 0);

@@ -221,3 +221,34 @@ fn the_codec_names_nothing_above_it() {
         .collect();
     assert!(bad.is_empty(), "proto depends on:\n{}", bad.join("\n"));
 }
+
+/// The library is the proxy: no file of it (everything in `src/` but the binary's
+/// `src/bin/`) names the test kit, the demo's NATS client or the `demo` feature, so the
+/// library is the same with and without the feature, and exports no demo or test code.
+#[test]
+fn the_library_holds_no_demo_or_test_kit() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let lib: Vec<_> = files
+        .iter()
+        .filter(|f| !f.starts_with(src.join("bin")))
+        .collect();
+    assert!(lib.len() > 20, "library files: {lib:?}");
+    for f in lib {
+        let text = std::fs::read_to_string(f).unwrap();
+        for name in [
+            "natsproxy_kit",
+            "async_nats",
+            "feature = \"demo\"",
+            "mod demo",
+            "mod vector",
+        ] {
+            assert!(
+                !text.contains(name),
+                "{} names `{name}`: that belongs to the binary (src/bin/) or the kit (kit/)",
+                f.display()
+            );
+        }
+    }
+}

@@ -196,7 +196,7 @@ struct Prometheus {
 
 impl Prometheus {
     async fn start(target: std::net::SocketAddr) -> Prometheus {
-        let dir = TempDir::new("prometheus");
+        let dir = temp_dir("prometheus");
         let port = free_port();
         let config = format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
@@ -301,7 +301,8 @@ async fn a_real_prometheus_reads_every_panel_and_rule_through_a_migration_and_a_
         publisher_node: true,
         ..Default::default()
     })
-    .await;
+    .await
+    .unwrap();
     let proxy = TestProxy::start_with(&cluster.urls(), |c| {
         c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
     })
@@ -344,7 +345,7 @@ async fn a_real_prometheus_reads_every_panel_and_rule_through_a_migration_and_a_
         .unwrap();
     let mut core = client.subscribe("events").await.unwrap();
     let js = async_nats::jetstream::new(client.clone());
-    // Vector's loop (natsproxy::vector needs the `demo` feature): batches of 200, ack
+    // Vector's loop (the kit's `vector`): batches of 200, ack
     // each, end at the first error item.
     let pull: async_nats::jetstream::consumer::PullConsumer = js
         .get_stream("LOGS")
@@ -390,15 +391,15 @@ async fn a_real_prometheus_reads_every_panel_and_rule_through_a_migration_and_a_
         .node_of_client("vector")
         .await
         .expect("client's node");
-    cluster.lame_duck(i);
+    cluster.lame_duck(i).unwrap();
     within(Duration::from_secs(30), "the migration", async {
         while proxy.stats.migrations.get() < 1 {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
     .await;
-    cluster.wait_exit(i, Duration::from_secs(40)).await;
-    cluster.restart(i).await;
+    cluster.wait_exit(i, Duration::from_secs(40)).await.unwrap();
+    cluster.restart(i).await.unwrap();
     let j = within(Duration::from_secs(30), "the client's new node", async {
         loop {
             match cluster.node_of_client("vector").await {
@@ -416,7 +417,7 @@ async fn a_real_prometheus_reads_every_panel_and_rule_through_a_migration_and_a_
     })
     .await;
     roundtrip(&client, "after.failover").await;
-    cluster.restart(j).await;
+    cluster.restart(j).await.unwrap();
 
     // What Prometheus read is what the test did.
     let (migrations, failovers) = (proxy.stats.migrations.get(), proxy.stats.failovers.get());

@@ -22,7 +22,8 @@ async fn a_service_address_in_front_of_a_no_advertise_cluster_through_a_rolling_
         no_advertise: true,
         ..Default::default()
     })
-    .await;
+    .await
+    .unwrap();
     let backends: Vec<SocketAddr> = cluster
         .nodes
         .iter()

@@ -88,7 +88,7 @@ impl Proxy {
         if std::env::var("NATSPROXY_STORM_PROCESS").is_err() {
             return Proxy::InProcess(Some(TestProxy::start(&[upstream]).await));
         }
-        let dir = TempDir::new("storm");
+        let dir = temp_dir("storm");
         let log = dir.0.join("proxy.log");
         let port = free_port();
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_natsproxy"))
@@ -206,7 +206,7 @@ impl Drop for Proxy {
 async fn arrivals(cluster: &Cluster) -> Vec<Duration> {
     let mut at = Vec::new();
     for n in &cluster.nodes[1..] {
-        let body = common::cluster::http_get(n.http, "/connz?limit=100000")
+        let body = common::http_get(n.http, "/connz?limit=100000")
             .await
             .expect("connz");
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -292,7 +292,8 @@ async fn hundreds_of_clients_migrating_at_once_get_every_message_once() {
         lame_duck_grace: Some(Duration::from_secs(5)),
         ..Default::default()
     })
-    .await;
+    .await
+    .unwrap();
     let proxy = Proxy::start(cluster.nodes[0].url()).await;
     let received = Arc::new(AtomicU64::new(0));
     let ready = Arc::new(AtomicU64::new(0));
@@ -346,7 +347,7 @@ async fn hundreds_of_clients_migrating_at_once_get_every_message_once() {
         }
     })
     .await;
-    cluster.lame_duck(0);
+    cluster.lame_duck(0).unwrap();
     publisher.await.unwrap();
     let expect = clients as u64 * u64::from(N);
     // Not `within`: if some never arrive, the counts below say which client lost what.
@@ -423,10 +424,8 @@ async fn hundreds_of_clients_migrating_at_once_get_every_message_once() {
                 let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
                 v[k].as_i64().unwrap_or(-1)
             };
-            let varz = common::cluster::http_get(n.http, "/varz")
-                .await
-                .unwrap_or_default();
-            let routez = common::cluster::http_get(n.http, "/routez")
+            let varz = common::http_get(n.http, "/varz").await.unwrap_or_default();
+            let routez = common::http_get(n.http, "/routez")
                 .await
                 .unwrap_or_default();
             eprintln!(

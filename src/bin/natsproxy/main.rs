@@ -6,7 +6,9 @@ use tokio_util::sync::CancellationToken;
 
 use natsproxy::cli::{Cli, Command};
 use natsproxy::proxy::{self, Proxy, StartError};
-use natsproxy::{demo, shutdown, telemetry};
+use natsproxy::{shutdown, telemetry};
+
+mod demo;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

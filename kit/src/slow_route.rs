@@ -59,7 +59,7 @@ pub struct RouteForwarder {
 impl RouteForwarder {
     /// Forwards to `target_port`, the cluster port of the node `target`.
     pub async fn start(target: String, target_port: u16, slow: SlowRoute) -> RouteForwarder {
-        let listener = TcpListener::bind(("127.0.0.1", super::free_port()))
+        let listener = TcpListener::bind(("127.0.0.1", crate::free_port().expect("a free port")))
             .await
             .unwrap();
         let port = listener.local_addr().unwrap().port();

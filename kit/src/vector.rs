@@ -25,26 +25,58 @@ pub enum End {
     Stopped,
 }
 
+/// Why [`open`] failed, and on what.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("stream {stream}: {source}")]
+    Stream {
+        stream: String,
+        #[source]
+        source: jetstream::context::GetStreamError,
+    },
+    #[error("consumer {consumer}: {source}")]
+    Consumer {
+        consumer: String,
+        #[source]
+        source: async_nats::Error,
+    },
+    #[error("messages of {consumer}: {source}")]
+    Messages {
+        consumer: String,
+        #[source]
+        source: jetstream::consumer::StreamError,
+    },
+}
+
 /// Opens the durable pull consumer `consumer` of `stream` as Vector does.
 pub async fn open(
     js: &jetstream::Context,
     stream: &str,
     consumer: &str,
-) -> Result<pull::Stream, String> {
-    let consumer: jetstream::consumer::PullConsumer = js
+) -> Result<pull::Stream, OpenError> {
+    let durable: jetstream::consumer::PullConsumer = js
         .get_stream(stream)
         .await
-        .map_err(|e| format!("stream {stream}: {e}"))?
+        .map_err(|source| OpenError::Stream {
+            stream: stream.to_owned(),
+            source,
+        })?
         .get_consumer(consumer)
         .await
-        .map_err(|e| format!("consumer {consumer}: {e}"))?;
-    consumer
+        .map_err(|source| OpenError::Consumer {
+            consumer: consumer.to_owned(),
+            source,
+        })?;
+    durable
         .stream()
         .max_messages_per_batch(200)
         .max_bytes_per_batch(0)
         .messages()
         .await
-        .map_err(|e| format!("messages: {e}"))
+        .map_err(|source| OpenError::Messages {
+            consumer: consumer.to_owned(),
+            source,
+        })
 }
 
 /// Vector's loop over `messages`: `on_msg` sees each message before it is acked, and
