@@ -63,7 +63,7 @@ pub struct UpstreamTls {
 }
 
 /// A configuration error, naming the field and the fix.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ConfigError {
     #[error("upstream `{url}`: {why}")]
     Upstream { url: String, why: &'static str },
@@ -79,9 +79,36 @@ pub enum ConfigError {
     Address { field: &'static str, value: String },
     #[error("configuration file {path}: {why}")]
     File { path: String, why: String },
-    /// Never carries a secret: only the option, the file path and what is wrong.
-    #[error("credentials: {0}")]
-    Credentials(String),
+    /// A secret file (`--creds`, a seed) cannot be read. Like every credentials
+    /// error, never carries a secret: only the option, the file path and what is wrong.
+    #[error("credentials: --{option} {path}: {kind}")]
+    SecretFile {
+        option: &'static str,
+        path: String,
+        kind: std::io::ErrorKind,
+    },
+    /// A seed file holds no valid nkey seed.
+    #[error("credentials: --{option} {path}: {why}")]
+    Seed {
+        option: &'static str,
+        path: String,
+        why: crate::auth::SeedError,
+    },
+    /// A `.creds` file gives no credentials.
+    #[error("credentials: --creds {path}: {why}")]
+    Creds {
+        path: String,
+        why: crate::auth::CredsError,
+    },
+    /// Two options of which one was given without the other.
+    #[error("credentials: --{0} and --{1} go together")]
+    Together(&'static str, &'static str),
+    /// More than one kind of upstream credentials.
+    #[error("credentials: give one of --creds, --nkey-seed, --user/--password, --token")]
+    SeveralCredentials,
+    /// Client credentials that are neither a token nor a user with a password.
+    #[error("credentials: give either --client-token or --client-user with --client-password")]
+    ClientAuth,
 }
 
 impl UpstreamUrl {

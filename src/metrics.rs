@@ -235,62 +235,194 @@ impl Stats {
             max_slow_consumer_pending: AtomicU64::new(0),
             registry: Registry::default(),
         };
+        s.register_clients_and_links(&mut r);
+        s.register_moves(&mut r);
+        s.register_delivery(&mut r);
+        s.register_traffic(&mut r);
+        s.register_sessions(&mut r);
+        s.register_process(&mut r);
+        Stats { registry: r, ..s }
+    }
+
+    /// Registers client connections and upstream links.
+    fn register_clients_and_links(&self, r: &mut Registry) {
         r.register(
             "client_connections",
             "Client connections open now",
-            s.clients_active.clone(),
+            self.clients_active.clone(),
         );
         r.register(
             "client_connections_accepted",
             "Client connections accepted",
-            s.clients_accepted.clone(),
+            self.clients_accepted.clone(),
         );
         r.register(
             "client_connections_refused",
             "Client connections refused at --max-clients",
-            s.clients_refused.clone(),
+            self.clients_refused.clone(),
         );
         r.register(
             "upstream_connects",
             "Upstream connections established",
-            s.upstream_connects.clone(),
+            self.upstream_connects.clone(),
         );
         r.register(
             "upstream_dial_failures",
             "Upstream dials that failed (refused, timed out, TLS handshake or verification)",
-            s.upstream_dial_failures.clone(),
+            self.upstream_dial_failures.clone(),
         );
         r.register(
             "upstream_dials_refused",
             "Upstream dials not made because the process's dial budget (--dial-rate, --dial-burst) was spent",
-            s.upstream_dials_refused.clone(),
+            self.upstream_dials_refused.clone(),
         );
         r.register(
             "upstream_connections",
             "Upstream connections open now, by node",
-            s.upstream_connections.clone(),
+            self.upstream_connections.clone(),
         );
+    }
+
+    /// Registers moves between upstreams: migrations, failovers, hedges, and what was replayed.
+    fn register_moves(&self, r: &mut Registry) {
         r.register(
             "migrations_by_reason",
             "Moves to another upstream, by reason (ldm = make-before-break; closed, stale, protocol = failover)",
-            s.migrations_by_reason.clone(),
+            self.migrations_by_reason.clone(),
         );
         r.register(
             "migrations",
             "Make-before-break migrations completed (client traffic switched to a new upstream behind a PING barrier)",
-            s.migrations.clone(),
+            self.migrations.clone(),
         );
         r.register(
             "failovers",
             "Upstreams lost without warning (closed, reset, silent, or not NATS): the session moved to another node with an outage",
-            s.failovers.clone(),
+            self.failovers.clone(),
         );
         r.register(
             "migrations_failed",
             "Failovers in the middle of a make-before-break migration (its new or old link died before the move was complete)",
-            s.migrations_failed.clone(),
+            self.migrations_failed.clone(),
         );
-        s.start_time_seconds.set(
+        r.register(
+            "hedges",
+            "Standby links brought up because the upstream was slow to answer a PING (--hedge-after)",
+            self.hedges.clone(),
+        );
+        r.register(
+            "migration_duration_seconds",
+            "Time from the trigger (lame-duck INFO, loss) to client traffic flowing on the new upstream",
+            self.migration_seconds.clone(),
+        );
+        r.register(
+            "subscriptions_replayed",
+            "SUBs replayed on new upstream links",
+            self.subs_replayed.clone(),
+        );
+    }
+
+    /// Registers what the proxy did to messages: pulls re-sent, statuses shielded, duplicates, resends, slow consumers.
+    fn register_delivery(&self, r: &mut Registry) {
+        r.register(
+            "pull_requests_reissued",
+            "JetStream pull requests re-sent by the proxy",
+            self.pulls_reissued.clone(),
+        );
+        r.register(
+            "statuses_shielded",
+            "JetStream statuses kept from clients because their library would turn them into errors, by code (409 Leadership Change or Server Shutdown, 503 no responders)",
+            self.statuses_shielded.clone(),
+        );
+        r.register(
+            "redeliveries_acked",
+            "Redeliveries of messages the client had acked (its ack lost upstream), acked again by the proxy and kept from the client",
+            self.redeliveries_acked.clone(),
+        );
+        r.register(
+            "heartbeats_amended",
+            "Push consumer idle heartbeats amended to name the client's last delivery instead of a redelivery kept from it",
+            self.heartbeats_amended.clone(),
+        );
+        r.register(
+            "duplicates_suppressed",
+            "Messages delivered by both links during a migration and forwarded once",
+            self.duplicates_suppressed.clone(),
+        );
+        r.register(
+            "possible_duplicates",
+            "Messages forwarded past the de-duplication bounds",
+            self.possible_duplicates.clone(),
+        );
+        r.register(
+            "publishes_resent",
+            "Client publishes written again after the link they were written on died unconfirmed",
+            self.publishes_resent.clone(),
+        );
+        r.register(
+            "slow_consumers",
+            "Clients closed as slow consumers",
+            self.slow_consumers.clone(),
+        );
+    }
+
+    /// Registers bytes, messages, buffers and the upstream round trip.
+    fn register_traffic(&self, r: &mut Registry) {
+        r.register("bytes", "Bytes relayed, by direction", self.bytes.clone());
+        r.register(
+            "messages",
+            "Messages relayed, by direction",
+            self.messages.clone(),
+        );
+        r.register(
+            "buffered_bytes",
+            "Bytes held in buffers now, by buffer",
+            self.buffered_bytes.clone(),
+        );
+        r.register(
+            "upstream_rtt_seconds",
+            "Round trip of the proxy's PINGs to its upstreams",
+            self.upstream_rtt_seconds.clone(),
+        );
+    }
+
+    /// Registers sessions by state now, outages, and pull requests held.
+    fn register_sessions(&self, r: &mut Registry) {
+        r.register(
+            "sessions_with_upstream",
+            "Clients whose session has a working upstream now",
+            self.sessions_with_upstream.clone(),
+        );
+        r.register(
+            "sessions_migrating",
+            "Client sessions moving off a lame-duck node now",
+            self.sessions_migrating.clone(),
+        );
+        r.register(
+            "sessions_without_upstream",
+            "Client sessions in an outage now: their upstream lost without warning, no other node carrying their traffic yet",
+            self.sessions_without_upstream.clone(),
+        );
+        r.register(
+            "outage_duration_seconds",
+            "How long outages lasted: from the upstream's loss to traffic on a new one (or to the client's close at --max-outage)",
+            self.outage_seconds.clone(),
+        );
+        r.register(
+            "pull_requests_unplaced",
+            "JetStream pull requests the proxy holds unplaced now (their consumer away or moving, their link lost)",
+            self.pulls_unplaced.clone(),
+        );
+        r.register(
+            "pull_request_replacement_seconds",
+            "Time from a pull request found lost (leader moved, link lost, heartbeats missed) to its placement again",
+            self.pull_replacement_seconds.clone(),
+        );
+    }
+
+    /// Registers the process: start time, readiness, version.
+    fn register_process(&self, r: &mut Registry) {
+        self.start_time_seconds.set(
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
@@ -298,110 +430,9 @@ impl Stats {
         r.register(
             "start_time_seconds",
             "When this natsproxy process started, in Unix seconds (a change is a restart)",
-            s.start_time_seconds.clone(),
+            self.start_time_seconds.clone(),
         );
-        r.register(
-            "hedges",
-            "Standby links brought up because the upstream was slow to answer a PING (--hedge-after)",
-            s.hedges.clone(),
-        );
-        r.register(
-            "migration_duration_seconds",
-            "Time from the trigger (lame-duck INFO, loss) to client traffic flowing on the new upstream",
-            s.migration_seconds.clone(),
-        );
-        r.register(
-            "subscriptions_replayed",
-            "SUBs replayed on new upstream links",
-            s.subs_replayed.clone(),
-        );
-        r.register(
-            "pull_requests_reissued",
-            "JetStream pull requests re-sent by the proxy",
-            s.pulls_reissued.clone(),
-        );
-        r.register(
-            "statuses_shielded",
-            "JetStream statuses kept from clients because their library would turn them into errors, by code (409 Leadership Change or Server Shutdown, 503 no responders)",
-            s.statuses_shielded.clone(),
-        );
-        r.register(
-            "redeliveries_acked",
-            "Redeliveries of messages the client had acked (its ack lost upstream), acked again by the proxy and kept from the client",
-            s.redeliveries_acked.clone(),
-        );
-        r.register(
-            "heartbeats_amended",
-            "Push consumer idle heartbeats amended to name the client's last delivery instead of a redelivery kept from it",
-            s.heartbeats_amended.clone(),
-        );
-        r.register(
-            "duplicates_suppressed",
-            "Messages delivered by both links during a migration and forwarded once",
-            s.duplicates_suppressed.clone(),
-        );
-        r.register(
-            "possible_duplicates",
-            "Messages forwarded past the de-duplication bounds",
-            s.possible_duplicates.clone(),
-        );
-        r.register(
-            "publishes_resent",
-            "Client publishes written again after the link they were written on died unconfirmed",
-            s.publishes_resent.clone(),
-        );
-        r.register(
-            "slow_consumers",
-            "Clients closed as slow consumers",
-            s.slow_consumers.clone(),
-        );
-        r.register("bytes", "Bytes relayed, by direction", s.bytes.clone());
-        r.register(
-            "messages",
-            "Messages relayed, by direction",
-            s.messages.clone(),
-        );
-        r.register(
-            "buffered_bytes",
-            "Bytes held in buffers now, by buffer",
-            s.buffered_bytes.clone(),
-        );
-        r.register(
-            "upstream_rtt_seconds",
-            "Round trip of the proxy's PINGs to its upstreams",
-            s.upstream_rtt_seconds.clone(),
-        );
-        r.register(
-            "sessions_with_upstream",
-            "Clients whose session has a working upstream now",
-            s.sessions_with_upstream.clone(),
-        );
-        r.register(
-            "sessions_migrating",
-            "Client sessions moving off a lame-duck node now",
-            s.sessions_migrating.clone(),
-        );
-        r.register(
-            "sessions_without_upstream",
-            "Client sessions in an outage now: their upstream lost without warning, no other node carrying their traffic yet",
-            s.sessions_without_upstream.clone(),
-        );
-        r.register(
-            "outage_duration_seconds",
-            "How long outages lasted: from the upstream's loss to traffic on a new one (or to the client's close at --max-outage)",
-            s.outage_seconds.clone(),
-        );
-        r.register(
-            "pull_requests_unplaced",
-            "JetStream pull requests the proxy holds unplaced now (their consumer away or moving, their link lost)",
-            s.pulls_unplaced.clone(),
-        );
-        r.register(
-            "pull_request_replacement_seconds",
-            "Time from a pull request found lost (leader moved, link lost, heartbeats missed) to its placement again",
-            s.pull_replacement_seconds.clone(),
-        );
-        r.register("ready", "1 when /readyz answers 200", s.ready.clone());
+        r.register("ready", "1 when /readyz answers 200", self.ready.clone());
         // Which version runs where, across a fleet: one series, always 1.
         let build_info: Family<VersionLabel, Gauge> = Family::default();
         build_info
@@ -414,7 +445,6 @@ impl Stats {
             "1, labelled with the natsproxy version",
             build_info,
         );
-        Stats { registry: r, ..s }
     }
 
     /// Statuses kept from clients, every code.

@@ -22,12 +22,15 @@ pub struct Settings {
 }
 
 /// Reads a secret file; errors name the option and the path, never the content.
-fn read_secret(option: &str, path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path)
-        .map_err(|e| ConfigError::Credentials(format!("--{option} {}: {e}", path.display())))
+fn read_secret(option: &'static str, path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError::SecretFile {
+        option,
+        path: path.display().to_string(),
+        kind: e.kind(),
+    })
 }
 
-fn seed_file(option: &str, path: &Path) -> Result<NkeySeed, ConfigError> {
+fn seed_file(option: &'static str, path: &Path) -> Result<NkeySeed, ConfigError> {
     let text = read_secret(option, path)?;
     // A seed file may carry comments or the .creds markers: take the line with the seed.
     let line = text
@@ -35,8 +38,11 @@ fn seed_file(option: &str, path: &Path) -> Result<NkeySeed, ConfigError> {
         .map(str::trim)
         .find(|l| l.starts_with('S') && l.len() > 50)
         .unwrap_or(text.trim());
-    NkeySeed::new(line)
-        .map_err(|why| ConfigError::Credentials(format!("--{option} {}: {why}", path.display())))
+    NkeySeed::new(line).map_err(|why| ConfigError::Seed {
+        option,
+        path: path.display().to_string(),
+        why,
+    })
 }
 
 /// The configuration file, read into the flags' struct (unknown keys refused).
@@ -102,6 +108,23 @@ impl Opts {
         if let Some(m) = &self.metrics_listen {
             c.metrics_listen = Some(addr("metrics_listen", m)?);
         }
+        self.apply_limits(&mut c)?;
+        c.session.credentials = self.credentials()?;
+        if let Some(p) = &self.proxy_nkey_seed {
+            c.session.proxy_key = Some(seed_file("proxy-nkey-seed", p)?);
+        }
+        c.session.client_auth = self.client_auth()?;
+        c.upstream_tls = self.upstream_tls_config()?;
+        Ok(Settings {
+            config: c,
+            log_level: self.log_filter(),
+            log_format: self.log_format.unwrap_or(LogFormat::Human),
+        })
+    }
+
+    /// Durations, sizes and counts: each the option's value, else the default already in
+    /// `c`.
+    fn apply_limits(&self, c: &mut Config) -> Result<(), ConfigError> {
         let dur = |v: &Option<Text>, key: &'static str, d| {
             v.as_ref()
                 .map_or(Ok(d), |v| config::parse_duration(key, &v.0))
@@ -150,12 +173,12 @@ impl Opts {
                 value: "0".into(),
             });
         }
-        c.session.credentials = self.credentials()?;
-        if let Some(p) = &self.proxy_nkey_seed {
-            c.session.proxy_key = Some(seed_file("proxy-nkey-seed", p)?);
-        }
-        c.session.client_auth = self.client_auth()?;
-        c.upstream_tls = config::UpstreamTls {
+        Ok(())
+    }
+
+    /// TLS toward the upstreams.
+    fn upstream_tls_config(&self) -> Result<config::UpstreamTls, ConfigError> {
+        let tls = config::UpstreamTls {
             required: self.upstream_tls.unwrap_or(false),
             ca: self.upstream_tls_ca.clone(),
             cert: self.upstream_tls_cert.clone(),
@@ -163,25 +186,26 @@ impl Opts {
             insecure_skip_verify: self.upstream_tls_insecure_skip_verify.unwrap_or(false),
             server_name: self.upstream_tls_server_name.clone(),
         };
-        if c.upstream_tls.cert.is_some() != c.upstream_tls.key.is_some() {
-            return Err(ConfigError::Credentials(
-                "--upstream-tls-cert and --upstream-tls-key go together".into(),
+        if tls.cert.is_some() != tls.key.is_some() {
+            return Err(ConfigError::Together(
+                "upstream-tls-cert",
+                "upstream-tls-key",
             ));
         }
+        Ok(tls)
+    }
+
+    /// The log filter.
+    fn log_filter(&self) -> String {
         // natsproxy's own setting (flag, NATSPROXY_LOG_LEVEL, file) wins; without one,
         // RUST_LOG as in every tracing-based tool; else info.
-        let log_level = match &self.log_level {
+        match &self.log_level {
             Some(l) => l.clone(),
             None => std::env::var("RUST_LOG")
                 .ok()
                 .filter(|v| !v.trim().is_empty())
                 .unwrap_or_else(|| "info".into()),
-        };
-        Ok(Settings {
-            config: c,
-            log_level,
-            log_format: self.log_format.unwrap_or(LogFormat::Human),
-        })
+        }
     }
 
     /// What the proxy presents upstream: at most one kind.
@@ -193,15 +217,16 @@ impl Opts {
             self.token.is_some(),
         ];
         if given.iter().filter(|&&g| g).count() > 1 {
-            return Err(ConfigError::Credentials(
-                "give one of --creds, --nkey-seed, --user/--password, --token".into(),
-            ));
+            return Err(ConfigError::SeveralCredentials);
         }
         if let Some(p) = &self.creds {
             let text = read_secret("creds", p)?;
-            return Credentials::from_creds(&text).map(Some).map_err(|why| {
-                ConfigError::Credentials(format!("--creds {}: {why}", p.display()))
-            });
+            return Credentials::from_creds(&text)
+                .map(Some)
+                .map_err(|why| ConfigError::Creds {
+                    path: p.display().to_string(),
+                    why,
+                });
         }
         if let Some(p) = &self.nkey_seed {
             return Ok(Some(Credentials::Nkey(seed_file("nkey-seed", p)?)));
@@ -215,9 +240,7 @@ impl Opts {
                 pass: pass.clone(),
             })),
             (None, None) => Ok(None),
-            _ => Err(ConfigError::Credentials(
-                "--user and --password go together".into(),
-            )),
+            _ => Err(ConfigError::Together("user", "password")),
         }
     }
 
@@ -230,9 +253,7 @@ impl Opts {
                 user: user.clone(),
                 pass: pass.clone(),
             })),
-            _ => Err(ConfigError::Credentials(
-                "give either --client-token or --client-user with --client-password".into(),
-            )),
+            _ => Err(ConfigError::ClientAuth),
         }
     }
 }

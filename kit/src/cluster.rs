@@ -160,38 +160,15 @@ impl Cluster {
             let name = name_of(i);
             let port = free_port()?;
             let http = free_port()?;
-            let mut conf = format!(
-                "server_name: {name}\nlisten: \"127.0.0.1:{port}\"\nhttp: \"127.0.0.1:{http}\"\n\
-                 lame_duck_duration: \"30s\"\nlame_duck_grace_period: \"{}ms\"\n",
-                opts.lame_duck_grace
-                    .unwrap_or(Duration::from_secs(1))
-                    .as_millis()
-            );
-            if let (Some(tls), false) = (&opts.client_tls, is_pub) {
-                conf += tls;
-            }
-            if opts.jetstream && !is_pub {
-                conf += &format!(
-                    "jetstream {{ store_dir: \"{}\" }}\n",
-                    dir.0.join(&name).display()
-                );
-                conf += &format!("server_tags: [\"node:{name}\"]\n");
-            }
-            let advertise = if forwarders.is_empty() {
-                String::new()
-            } else {
-                format!("  advertise: \"127.0.0.1:{}\"\n", reach[i])
+            let plan = Plan {
+                name: &name,
+                port,
+                http,
+                cluster_port: cport,
+                advertise: (!forwarders.is_empty()).then(|| reach[i]),
+                publisher: is_pub,
             };
-            conf += &format!(
-                "cluster {{\n  name: c1\n  listen: \"127.0.0.1:{}\"\n{advertise}  routes: [{}]\n{}}}\n",
-                cport,
-                routes.join(", "),
-                if is_pub || opts.no_advertise {
-                    "  no_advertise: true\n"
-                } else {
-                    ""
-                }
-            );
+            let conf = plan.conf(&opts, &routes, &dir.0);
             let conf_path = dir.0.join(format!("{name}.conf"));
             std::fs::write(&conf_path, conf)
                 .map_err(Error::io(format!("write {}", conf_path.display())))?;
@@ -410,6 +387,63 @@ fn num_routes(routez: &str) -> usize {
                 .and_then(|n| n.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// One node's place in the cluster, from which its configuration is written.
+struct Plan<'a> {
+    name: &'a str,
+    port: u16,
+    http: u16,
+    cluster_port: u16,
+    /// The route address the others reach it at, when it differs (a slow route's
+    /// forwarder).
+    advertise: Option<u16>,
+    /// The publisher node: no JetStream, no client TLS, not advertised.
+    publisher: bool,
+}
+
+impl Plan<'_> {
+    /// The node's nats-server configuration: `routes` to every node, JetStream stores
+    /// under `dir`.
+    fn conf(&self, opts: &ClusterOpts, routes: &[String], dir: &std::path::Path) -> String {
+        let Plan {
+            name,
+            port,
+            http,
+            cluster_port,
+            advertise,
+            publisher,
+        } = *self;
+        let grace = opts.lame_duck_grace.unwrap_or(Duration::from_secs(1));
+        let mut conf = format!(
+            "server_name: {name}\nlisten: \"127.0.0.1:{port}\"\nhttp: \"127.0.0.1:{http}\"\n\
+             lame_duck_duration: \"30s\"\nlame_duck_grace_period: \"{}ms\"\n",
+            grace.as_millis()
+        );
+        if let (Some(tls), false) = (&opts.client_tls, publisher) {
+            conf += tls;
+        }
+        if opts.jetstream && !publisher {
+            conf += &format!(
+                "jetstream {{ store_dir: \"{}\" }}\n",
+                dir.join(name).display()
+            );
+            conf += &format!("server_tags: [\"node:{name}\"]\n");
+        }
+        let advertise = advertise
+            .map(|p| format!("  advertise: \"127.0.0.1:{p}\"\n"))
+            .unwrap_or_default();
+        let no_advertise = if publisher || opts.no_advertise {
+            "  no_advertise: true\n"
+        } else {
+            ""
+        };
+        conf += &format!(
+            "cluster {{\n  name: c1\n  listen: \"127.0.0.1:{cluster_port}\"\n{advertise}  routes: [{}]\n{no_advertise}}}\n",
+            routes.join(", "),
+        );
+        conf
+    }
 }
 
 /// True if the server whose monitoring port is `http` lists a client connection named

@@ -118,14 +118,14 @@ impl Proxy {
     /// ready), lets open clients carry on for the shutdown grace period so that they can
     /// drain (a sidecar's client is told to stop at the same moment), and closes whatever
     /// is still open after it.
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub async fn run(mut self, shutdown: CancellationToken) {
         // Clients, and the HTTP endpoints apart: the grace period waits for clients only
         // (with none connected, SIGTERM exits at once), the endpoints answer until the end.
-        let tracker = TaskTracker::new();
+        let clients = TaskTracker::new();
         let endpoints = TaskTracker::new();
         let hard = CancellationToken::new();
         let ready = Arc::new(http::Readiness::new());
-        if let Some(l) = self.metrics {
+        if let Some(l) = self.metrics.take() {
             let ups = self.cfg.session().upstreams;
             endpoints.spawn(http::probe(
                 self.dialer.clone(),
@@ -141,12 +141,33 @@ impl Proxy {
                 hard.clone(),
             ));
         }
+        info!(listen = %self.cfg.listen, upstreams = ?self.cfg.session().upstreams, "natsproxy listening");
+        self.accept_until(&shutdown, &clients, &hard).await;
+        let Proxy {
+            listener,
+            cfg,
+            stats,
+            ..
+        } = self;
+        drop(listener);
+        ready.set_draining();
+        drain(&cfg, &stats, clients, endpoints, hard).await;
+        info!("natsproxy stopped");
+    }
+
+    /// Accepts clients, each a driver task on `clients` with a child of `hard`, until
+    /// `shutdown` fires; one past `max_clients` is refused as nats-server refuses it.
+    async fn accept_until(
+        &self,
+        shutdown: &CancellationToken,
+        clients: &TaskTracker,
+        hard: &CancellationToken,
+    ) {
         let slots = Arc::new(Semaphore::new(self.cfg.max_clients));
         let mut conn_id: u64 = 0;
-        info!(listen = %self.cfg.listen, upstreams = ?self.cfg.session().upstreams, "natsproxy listening");
         loop {
             let accepted = tokio::select! {
-                _ = shutdown.cancelled() => break,
+                _ = shutdown.cancelled() => return,
                 a = self.listener.accept() => a,
             };
             let (stream, peer) = match accepted {
@@ -161,7 +182,7 @@ impl Proxy {
             let Ok(permit) = slots.clone().try_acquire_owned() else {
                 self.stats.clients_refused.inc();
                 warn!(%peer, max = self.cfg.max_clients, "refusing client: maximum connections exceeded");
-                tracker.spawn(driver::refuse(stream));
+                clients.spawn(driver::refuse(stream));
                 continue;
             };
             conn_id += 1;
@@ -171,7 +192,7 @@ impl Proxy {
             let stats = self.stats.clone();
             let token = hard.child_token();
             let span = tracing::info_span!("client", conn = conn_id, %peer, client = tracing::field::Empty);
-            tracker.spawn(
+            clients.spawn(
                 async move {
                     stats.clients_active.inc();
                     driver::serve(stream, &cfg, &dialer, &stats, token).await;
@@ -181,32 +202,40 @@ impl Proxy {
                 .instrument(span),
             );
         }
-        drop(self.listener);
-        ready.set_draining();
-        tracker.close();
-        let open = self.stats.clients_active.get();
-        info!(clients = open, grace = ?self.cfg.shutdown_grace, "shutting down: no new clients; open ones may finish");
-        if tokio::time::timeout(self.cfg.shutdown_grace, tracker.wait())
-            .await
-            .is_err()
-        {
-            warn!(
-                clients = self.stats.clients_active.get(),
-                "shutdown grace period over; closing remaining clients"
-            );
-        }
-        hard.cancel();
-        endpoints.close();
-        let all = async {
-            tracker.wait().await;
-            endpoints.wait().await;
-        };
-        if tokio::time::timeout(std::time::Duration::from_secs(2), all)
-            .await
-            .is_err()
-        {
-            warn!("connections still open after close; abandoning them");
-        }
-        info!("natsproxy stopped");
+    }
+}
+
+/// After the listener closed: open clients may finish for the shutdown grace period;
+/// then `hard` closes what is left, and the endpoints, within 2 s.
+async fn drain(
+    cfg: &Config,
+    stats: &Stats,
+    clients: TaskTracker,
+    endpoints: TaskTracker,
+    hard: CancellationToken,
+) {
+    clients.close();
+    let open = stats.clients_active.get();
+    info!(clients = open, grace = ?cfg.shutdown_grace, "shutting down: no new clients; open ones may finish");
+    if tokio::time::timeout(cfg.shutdown_grace, clients.wait())
+        .await
+        .is_err()
+    {
+        warn!(
+            clients = stats.clients_active.get(),
+            "shutdown grace period over; closing remaining clients"
+        );
+    }
+    hard.cancel();
+    endpoints.close();
+    let all = async {
+        clients.wait().await;
+        endpoints.wait().await;
+    };
+    if tokio::time::timeout(std::time::Duration::from_secs(2), all)
+        .await
+        .is_err()
+    {
+        warn!("connections still open after close; abandoning them");
     }
 }
