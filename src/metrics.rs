@@ -135,6 +135,38 @@ pub struct Hot {
     pub shielded: [Counter; SHIELDED_CODES.len()],
 }
 
+impl Hot {
+    /// Resolves the hot series of their families once.
+    fn resolve(
+        messages: &Family<DirectionLabel, Counter>,
+        bytes: &Family<DirectionLabel, Counter>,
+        buffered_bytes: &Family<BufferLabel, Gauge>,
+        statuses_shielded: &Family<CodeLabel, Counter>,
+    ) -> Hot {
+        // One statement per series: `get_or_create` returns a read guard that lives to the
+        // end of its statement, and the next one may need the write lock.
+        fn counter(f: &Family<DirectionLabel, Counter>, d: &'static str) -> Counter {
+            let c = f.get_or_create(&DirectionLabel { direction: d }).clone();
+            c
+        }
+        fn gauge(f: &Family<BufferLabel, Gauge>, b: &'static str) -> Gauge {
+            let g = f.get_or_create(&BufferLabel { buffer: b }).clone();
+            g
+        }
+        Hot {
+            msgs_to_client: counter(messages, "upstream_to_client"),
+            msgs_to_upstream: counter(messages, "client_to_upstream"),
+            bytes_to_client: counter(bytes, "upstream_to_client"),
+            bytes_to_upstream: counter(bytes, "client_to_upstream"),
+            buffers: BUFFERS.map(|b| gauge(buffered_bytes, b)),
+            shielded: SHIELDED_CODES.map(|code| {
+                let c = statuses_shielded.get_or_create(&CodeLabel { code }).clone();
+                c
+            }),
+        }
+    }
+}
+
 /// Bound of [`Stats::recent_switches`]; past it the oldest is dropped.
 pub const RECENT_SWITCHES: usize = 4096;
 
@@ -166,34 +198,8 @@ impl Stats {
         let bytes: Family<DirectionLabel, Counter> = Family::default();
         let messages: Family<DirectionLabel, Counter> = Family::default();
         let buffered_bytes: Family<BufferLabel, Gauge> = Family::default();
-        // One statement per series: `get_or_create` returns a read guard that lives to the
-        // end of its statement, and the next one may need the write lock.
-        fn counter(f: &Family<DirectionLabel, Counter>, d: &'static str) -> Counter {
-            let c = f.get_or_create(&DirectionLabel { direction: d }).clone();
-            c
-        }
-        fn gauge(f: &Family<BufferLabel, Gauge>, b: &'static str) -> Gauge {
-            let g = f.get_or_create(&BufferLabel { buffer: b }).clone();
-            g
-        }
-        let msgs_to_client = counter(&messages, "upstream_to_client");
-        let msgs_to_upstream = counter(&messages, "client_to_upstream");
-        let bytes_to_client = counter(&bytes, "upstream_to_client");
-        let bytes_to_upstream = counter(&bytes, "client_to_upstream");
-        let buffers = BUFFERS.map(|b| gauge(&buffered_bytes, b));
         let statuses_shielded: Family<CodeLabel, Counter> = Family::default();
-        let shielded = SHIELDED_CODES.map(|code| {
-            let c = statuses_shielded.get_or_create(&CodeLabel { code }).clone();
-            c
-        });
-        let hot = Hot {
-            shielded,
-            msgs_to_client,
-            msgs_to_upstream,
-            bytes_to_client,
-            bytes_to_upstream,
-            buffers,
-        };
+        let hot = Hot::resolve(&messages, &bytes, &buffered_bytes, &statuses_shielded);
         let s = Stats {
             clients_active: Gauge::default(),
             clients_accepted: Counter::default(),

@@ -252,3 +252,145 @@ fn the_library_holds_no_demo_or_test_kit() {
         }
     }
 }
+
+/// Longest function a reader is asked to hold, in lines from `fn` to its closing brace.
+const MAX_FN_LINES: usize = 80;
+
+/// `text` with comments, string and char literals blanked (newlines kept), so braces
+/// are the code's own.
+fn code_only(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(b.len());
+    let mut i = 0;
+    let blank = |out: &mut String, s: &[u8]| {
+        out.extend(s.iter().map(|&c| if c == b'\n' { '\n' } else { ' ' }));
+    };
+    while i < b.len() {
+        let rest = &b[i..];
+        let end = if rest.starts_with(b"//") {
+            i + rest.iter().position(|&c| c == b'\n').unwrap_or(rest.len())
+        } else if rest.starts_with(b"/*") {
+            i + 2
+                + rest[2..]
+                    .windows(2)
+                    .position(|w| w == b"*/")
+                    .map_or(rest.len() - 2, |p| p + 2)
+        } else if rest.starts_with(b"r#\"") || rest.starts_with(b"r\"") {
+            let hashes = rest[1..].iter().take_while(|&&c| c == b'#').count();
+            let close: Vec<u8> = std::iter::once(b'"')
+                .chain(std::iter::repeat_n(b'#', hashes))
+                .collect();
+            let body = 2 + hashes;
+            i + body
+                + rest[body..]
+                    .windows(close.len())
+                    .position(|w| w == close)
+                    .map_or(rest.len() - body, |p| p + close.len())
+        } else if rest[0] == b'"' {
+            let mut j = 1;
+            while j < rest.len() && rest[j] != b'"' {
+                j += if rest[j] == b'\\' { 2 } else { 1 };
+            }
+            i + (j + 1).min(rest.len())
+        } else if rest[0] == b'\'' && rest.len() > 2 && (rest[2] == b'\'' || rest[1] == b'\\') {
+            // A char literal ('{', '\n', '\''), not a lifetime.
+            i + 1
+                + rest[2..]
+                    .iter()
+                    .position(|&c| c == b'\'')
+                    .map_or(rest.len() - 1, |p| p + 2)
+        } else {
+            out.push(rest[0] as char);
+            i += 1;
+            continue;
+        };
+        blank(&mut out, &b[i..end]);
+        i = end;
+    }
+    out
+}
+
+/// Each function over `MAX_FN_LINES` in `text`, as `name (lines) at line`. Inline test
+/// modules (from `#[cfg(test)]` on) are left out.
+fn long_functions(text: &str) -> Vec<String> {
+    let code = code_only(text);
+    let lines: Vec<&str> = code.lines().collect();
+    let stop = lines
+        .windows(2)
+        .position(|w| w[0].trim() == "#[cfg(test)]" && w[1].trim_start().starts_with("mod "))
+        .unwrap_or(lines.len());
+    let mut out = Vec::new();
+    for (at, line) in lines[..stop].iter().enumerate() {
+        let Some(name) = line
+            .split_whitespace()
+            .skip_while(|w| *w != "fn")
+            .nth(1)
+            .map(|n| n.split(['(', '<']).next().unwrap_or(n))
+        else {
+            continue;
+        };
+        let (mut depth, mut opened) = (0i64, false);
+        for (n, l) in lines[at..stop].iter().enumerate() {
+            if !opened && l.contains(';') && !l.contains('{') {
+                break; // a declaration without a body
+            }
+            for c in l.chars() {
+                match c {
+                    '{' => (depth, opened) = (depth + 1, true),
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+            }
+            if opened && depth <= 0 {
+                if n + 1 > MAX_FN_LINES {
+                    out.push(format!("{name} ({} lines) at line {}", n + 1, at + 1));
+                }
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Functions a reader can hold: none in the proxy (`src/`, the binary's demo too) or
+/// the test kit (`kit/src/`) runs over `MAX_FN_LINES`.
+#[test]
+fn no_function_is_longer_than_a_reader_can_hold() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    rust_files(&root.join("kit/src"), &mut files);
+    let long: Vec<String> = files
+        .iter()
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            let rel = f.strip_prefix(root).unwrap().display().to_string();
+            long_functions(&text)
+                .into_iter()
+                .map(move |l| format!("{rel}: {l}"))
+        })
+        .collect();
+    assert!(files.len() > 30, "files: {files:?}");
+    assert!(
+        long.is_empty(),
+        "over {MAX_FN_LINES} lines:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn the_length_check_sees_a_long_function_and_not_braces_in_text() {
+    let body = "    x += 1;\n".repeat(MAX_FN_LINES);
+    let long = format!("fn long() {{\n    let s = \"}}\"; let c = '}}'; // }}\n{body}}}\n");
+    assert_eq!(
+        long_functions(&long),
+        [format!("long ({} lines) at line 1", MAX_FN_LINES + 3)]
+    );
+    let short = format!(
+        "fn short() {{\n{}}}\n",
+        "    x += 1;\n".repeat(MAX_FN_LINES - 2)
+    );
+    assert!(long_functions(&short).is_empty());
+    let tests = format!("#[cfg(test)]\nmod tests {{\n{long}}}\n");
+    assert!(long_functions(&tests).is_empty());
+}

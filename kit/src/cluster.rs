@@ -168,19 +168,7 @@ impl Cluster {
                 advertise: (!forwarders.is_empty()).then(|| reach[i]),
                 publisher: is_pub,
             };
-            let conf = plan.conf(&opts, &routes, &dir.0);
-            let conf_path = dir.0.join(format!("{name}.conf"));
-            std::fs::write(&conf_path, conf)
-                .map_err(Error::io(format!("write {}", conf_path.display())))?;
-            let node = Node {
-                name,
-                port,
-                http,
-                cluster_port: cport,
-                conf: conf_path,
-                log: dir.0.join(format!("{}.log", i)),
-                child: None,
-            };
+            let node = plan.write(&opts, &routes, &dir.0, i)?;
             all.push(node);
         }
         let publisher = if opts.publisher_node { all.pop() } else { None };
@@ -403,6 +391,29 @@ struct Plan<'a> {
 }
 
 impl Plan<'_> {
+    /// Writes the node's configuration into `dir`: the node, not yet started (its log
+    /// is `{index}.log`).
+    fn write(
+        &self,
+        opts: &ClusterOpts,
+        routes: &[String],
+        dir: &std::path::Path,
+        index: usize,
+    ) -> Result<Node, Error> {
+        let conf_path = dir.join(format!("{}.conf", self.name));
+        std::fs::write(&conf_path, self.conf(opts, routes, dir))
+            .map_err(Error::io(format!("write {}", conf_path.display())))?;
+        Ok(Node {
+            name: self.name.to_owned(),
+            port: self.port,
+            http: self.http,
+            cluster_port: self.cluster_port,
+            conf: conf_path,
+            log: dir.join(format!("{index}.log")),
+            child: None,
+        })
+    }
+
     /// The node's nats-server configuration: `routes` to every node, JetStream stores
     /// under `dir`.
     fn conf(&self, opts: &ClusterOpts, routes: &[String], dir: &std::path::Path) -> String {

@@ -44,44 +44,13 @@ pub async fn rolling_restart_under_traffic(
     subject: &str,
 ) -> Rolled {
     let disconnects = Arc::new(AtomicU64::new(0));
-    let d = disconnects.clone();
-    let client = async_nats::ConnectOptions::new()
-        .event_callback(move |ev| {
-            let d = d.clone();
-            async move {
-                if matches!(ev, async_nats::Event::Disconnected) {
-                    d.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        })
-        .connect(proxy_url)
-        .await
-        .unwrap();
+    let client = counting_disconnects(proxy_url, disconnects.clone()).await;
     let mut sub = client.subscribe(subject.to_owned()).await.unwrap();
     client.flush().await.unwrap();
     let publisher = async_nats::connect(cluster.publisher.as_ref().expect("publisher node").url())
         .await
         .unwrap();
-    // The subscription's interest reached the publisher's node.
-    within(
-        Duration::from_secs(30),
-        "interest on the publisher node",
-        async {
-            loop {
-                publisher
-                    .publish(subject.to_owned(), "p".into())
-                    .await
-                    .unwrap();
-                publisher.flush().await.unwrap();
-                if let Ok(Some(_)) =
-                    tokio::time::timeout(Duration::from_millis(100), sub.next()).await
-                {
-                    return;
-                }
-            }
-        },
-    )
-    .await;
+    wait_for_interest(&publisher, &mut sub, subject).await;
     let (pubc, subj) = (publisher.clone(), subject.to_owned());
     let publishing = tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(2));
@@ -93,24 +62,7 @@ pub async fn rolling_restart_under_traffic(
         }
         pubc.flush().await.unwrap();
     });
-    let receiving = tokio::spawn(async move {
-        let (mut got, mut gap, mut last) = (Vec::new(), Duration::ZERO, None::<Instant>);
-        while (got.len() as u64) < N {
-            let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(20), sub.next()).await
-            else {
-                break;
-            };
-            let Ok(n) = std::str::from_utf8(&m.payload).unwrap_or("").parse::<u64>() else {
-                continue;
-            };
-            if let Some(l) = last {
-                gap = gap.max(l.elapsed());
-            }
-            last = Some(Instant::now());
-            got.push(n);
-        }
-        (got, gap)
-    });
+    let receiving = tokio::spawn(receive_numbers(sub));
     for i in 0..cluster.nodes.len() {
         cluster.lame_duck(i).expect("lame duck");
         cluster
@@ -131,4 +83,67 @@ pub async fn rolling_restart_under_traffic(
         gap,
         disconnects: disconnects.load(Ordering::Relaxed),
     }
+}
+
+/// A client of `url` that counts its `Disconnected` events in `disconnects`.
+async fn counting_disconnects(url: String, disconnects: Arc<AtomicU64>) -> async_nats::Client {
+    async_nats::ConnectOptions::new()
+        .event_callback(move |ev| {
+            let d = disconnects.clone();
+            async move {
+                if matches!(ev, async_nats::Event::Disconnected) {
+                    d.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+        .connect(url)
+        .await
+        .unwrap()
+}
+
+/// Publishes probes until one arrives on `sub`: its interest reached the publisher's node.
+async fn wait_for_interest(
+    publisher: &async_nats::Client,
+    sub: &mut async_nats::Subscriber,
+    subject: &str,
+) {
+    within(
+        Duration::from_secs(30),
+        "interest on the publisher node",
+        async {
+            loop {
+                publisher
+                    .publish(subject.to_owned(), "p".into())
+                    .await
+                    .unwrap();
+                publisher.flush().await.unwrap();
+                if let Ok(Some(_)) =
+                    tokio::time::timeout(Duration::from_millis(100), sub.next()).await
+                {
+                    return;
+                }
+            }
+        },
+    )
+    .await;
+}
+
+/// Reads numbered messages (probes are skipped) until `N` came or none came for 20 s:
+/// the numbers in arrival order, and the largest time between two.
+async fn receive_numbers(mut sub: async_nats::Subscriber) -> (Vec<u64>, Duration) {
+    let (mut got, mut gap, mut last) = (Vec::new(), Duration::ZERO, None::<Instant>);
+    while (got.len() as u64) < N {
+        let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(20), sub.next()).await else {
+            break;
+        };
+        let Ok(n) = std::str::from_utf8(&m.payload).unwrap_or("").parse::<u64>() else {
+            continue;
+        };
+        if let Some(l) = last {
+            gap = gap.max(l.elapsed());
+        }
+        last = Some(Instant::now());
+        got.push(n);
+    }
+    (got, gap)
 }

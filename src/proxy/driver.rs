@@ -202,110 +202,142 @@ impl Driver<'_> {
             self.sync_stats();
             self.arm_timer();
             let ev = std::future::poll_fn(|cx| self.poll_event(cx, cancelled.as_mut())).await;
-            let now = Instant::now().into_std();
-            match ev {
-                Event::Shutdown => {
-                    self.session.shutdown();
-                    self.apply_actions();
-                    let _ = tokio::time::timeout(
-                        Duration::from_secs(1),
-                        self.client.io.write_all_buf(&mut self.client.wbuf),
-                    )
-                    .await;
-                    return CloseReason::Shutdown;
-                }
-                Event::ClientData => {
-                    self.session.handle_client_bytes(&mut self.client.rbuf, now);
-                    if !self.named {
-                        if let Some(n) = self.session.client_name() {
-                            // Every later line of this client's span says who it is.
-                            tracing::Span::current().record("client", n);
-                            self.named = true;
-                        }
-                    }
-                }
-                Event::ClientGone(e) => {
-                    match &e {
-                        Some(e) => debug!(error = %e, "client connection failed"),
-                        None => debug!("client closed its connection"),
-                    }
-                    self.session.handle_client_closed();
-                    self.apply_actions();
-                    return CloseReason::ClientGone;
-                }
-                Event::ClientFlushedAndClosing => {}
-                Event::UpstreamData(epoch) => {
-                    let peers = self.stats.sessions_migrating.get().max(0) as usize;
-                    self.session.set_peers_moving(
-                        peers.saturating_sub(usize::from(self.session.is_migrating())),
-                    );
-                    if let Some(u) = self.ups.iter_mut().find(|u| u.epoch == epoch) {
-                        self.session
-                            .handle_upstream_bytes(epoch, &mut u.conn.rbuf, now);
-                    }
-                }
-                Event::SlowConsumer => {
-                    let pending = self.client.wbuf.len();
-                    self.stats.slow_consumers.inc();
-                    self.stats
-                        .max_slow_consumer_pending
-                        .fetch_max(pending as u64, std::sync::atomic::Ordering::Relaxed);
-                    warn!(pending, "slow consumer: closing client");
-                    self.session.handle_client_closed();
-                    self.apply_actions();
-                    return CloseReason::SlowConsumer;
-                }
-                Event::UpstreamLost(epoch, e) => {
-                    if let Some(i) = self.ups.iter().position(|u| u.epoch == epoch) {
-                        let u = self.ups.swap_remove(i);
-                        let why =
-                            e.map_or_else(|| "closed by the server".to_owned(), |e| e.to_string());
-                        info!(%epoch, upstream = %u.addr, error = %why, "upstream connection lost");
-                        report::link_closed(self.stats, &u.addr);
-                    }
-                    self.session.handle_upstream_lost(epoch, now);
-                }
-                Event::Dialed(epoch, addr, Ok((stream, first))) => {
-                    report::link_opened(self.stats, &addr);
-                    self.ups.push(Upstream {
-                        epoch,
-                        addr,
-                        conn: Conn::with_read(stream, first),
-                        closing: false,
-                    });
-                    self.session.handle_upstream_connected(epoch, now);
-                    // The dialer read the INFO (before TLS): the session gets it now.
-                    if let Some(u) = self.ups.last_mut().filter(|u| !u.conn.rbuf.is_empty()) {
-                        self.session
-                            .handle_upstream_bytes(epoch, &mut u.conn.rbuf, now);
-                    }
-                }
-                Event::Dialed(epoch, _, Err(e)) if e.stage == DialStage::Budget => {
-                    self.stats.upstream_dials_refused.inc();
-                    debug!(%epoch, "dial refused by the process's dial budget");
-                    self.session.handle_dial_refused(epoch, now);
-                }
-                Event::Dialed(epoch, addr, Err(e)) => {
-                    self.stats.upstream_dial_failures.inc();
-                    warn!(%epoch, upstream = %addr, stage = %e.stage, error = %e, "upstream dial failed");
-                    self.session.handle_upstream_lost(epoch, now);
-                }
-                Event::Timer => {
-                    self.timer_at = None;
-                    self.session.handle_timeout(now);
-                }
+            if let Some(reason) = self.handle(ev, Instant::now().into_std()) {
+                return self.close(reason).await;
             }
-            // The clock is checked after every event, as quinn's endpoint does: the timer
-            // is polled last and tokio's cooperative budget can keep it from firing while
-            // a socket stays readable, so under a flood the deadlines would come late. The
-            // deadline compared is the one armed before this event (one clock read, no
-            // fold over the session's timers per event); a deadline the event itself
-            // moved earlier is armed at the top of the loop and checked after the next.
-            let now = Instant::now();
-            if self.timer_at.is_some_and(|t| t <= now) {
+            self.fire_late_timer();
+        }
+    }
+
+    /// Hands one event to the session; `Some` when it ends the client's connection.
+    fn handle(&mut self, ev: Event, now: std::time::Instant) -> Option<CloseReason> {
+        match ev {
+            Event::Shutdown => return Some(CloseReason::Shutdown),
+            Event::ClientData => self.on_client_data(now),
+            Event::ClientGone(e) => {
+                match &e {
+                    Some(e) => debug!(error = %e, "client connection failed"),
+                    None => debug!("client closed its connection"),
+                }
+                return Some(CloseReason::ClientGone);
+            }
+            Event::ClientFlushedAndClosing => {}
+            Event::SlowConsumer => {
+                let pending = self.client.wbuf.len();
+                self.stats.slow_consumers.inc();
+                self.stats
+                    .max_slow_consumer_pending
+                    .fetch_max(pending as u64, std::sync::atomic::Ordering::Relaxed);
+                warn!(pending, "slow consumer: closing client");
+                return Some(CloseReason::SlowConsumer);
+            }
+            Event::UpstreamData(epoch) => self.on_upstream_data(epoch, now),
+            Event::UpstreamLost(epoch, e) => self.on_upstream_lost(epoch, e, now),
+            Event::Dialed(epoch, addr, result) => self.on_dialed(epoch, addr, result, now),
+            Event::Timer => {
                 self.timer_at = None;
-                self.session.handle_timeout(now.into_std());
+                self.session.handle_timeout(now);
             }
+        }
+        None
+    }
+
+    /// Ends the client's connection: on shutdown the session's last words get a second
+    /// to be written; otherwise the session learns the client is gone.
+    async fn close(&mut self, reason: CloseReason) -> CloseReason {
+        if reason == CloseReason::Shutdown {
+            self.session.shutdown();
+            self.apply_actions();
+            let _ = tokio::time::timeout(
+                Duration::from_secs(1),
+                self.client.io.write_all_buf(&mut self.client.wbuf),
+            )
+            .await;
+        } else {
+            self.session.handle_client_closed();
+            self.apply_actions();
+        }
+        reason
+    }
+
+    fn on_client_data(&mut self, now: std::time::Instant) {
+        self.session.handle_client_bytes(&mut self.client.rbuf, now);
+        if !self.named {
+            if let Some(n) = self.session.client_name() {
+                // Every later line of this client's span says who it is.
+                tracing::Span::current().record("client", n);
+                self.named = true;
+            }
+        }
+    }
+
+    fn on_upstream_data(&mut self, epoch: Epoch, now: std::time::Instant) {
+        let peers = self.stats.sessions_migrating.get().max(0) as usize;
+        self.session
+            .set_peers_moving(peers.saturating_sub(usize::from(self.session.is_migrating())));
+        if let Some(u) = self.ups.iter_mut().find(|u| u.epoch == epoch) {
+            self.session
+                .handle_upstream_bytes(epoch, &mut u.conn.rbuf, now);
+        }
+    }
+
+    fn on_upstream_lost(&mut self, epoch: Epoch, e: Option<io::Error>, now: std::time::Instant) {
+        if let Some(i) = self.ups.iter().position(|u| u.epoch == epoch) {
+            let u = self.ups.swap_remove(i);
+            let why = e.map_or_else(|| "closed by the server".to_owned(), |e| e.to_string());
+            info!(%epoch, upstream = %u.addr, error = %why, "upstream connection lost");
+            report::link_closed(self.stats, &u.addr);
+        }
+        self.session.handle_upstream_lost(epoch, now);
+    }
+
+    fn on_dialed(
+        &mut self,
+        epoch: Epoch,
+        addr: String,
+        result: Result<(UpstreamIo, BytesMut), DialError>,
+        now: std::time::Instant,
+    ) {
+        match result {
+            Ok((stream, first)) => {
+                report::link_opened(self.stats, &addr);
+                self.ups.push(Upstream {
+                    epoch,
+                    addr,
+                    conn: Conn::with_read(stream, first),
+                    closing: false,
+                });
+                self.session.handle_upstream_connected(epoch, now);
+                // The dialer read the INFO (before TLS): the session gets it now.
+                if let Some(u) = self.ups.last_mut().filter(|u| !u.conn.rbuf.is_empty()) {
+                    self.session
+                        .handle_upstream_bytes(epoch, &mut u.conn.rbuf, now);
+                }
+            }
+            Err(e) if e.stage == DialStage::Budget => {
+                self.stats.upstream_dials_refused.inc();
+                debug!(%epoch, "dial refused by the process's dial budget");
+                self.session.handle_dial_refused(epoch, now);
+            }
+            Err(e) => {
+                self.stats.upstream_dial_failures.inc();
+                warn!(%epoch, upstream = %addr, stage = %e.stage, error = %e, "upstream dial failed");
+                self.session.handle_upstream_lost(epoch, now);
+            }
+        }
+    }
+
+    /// The clock is checked after every event, as quinn's endpoint does: the timer is
+    /// polled last and tokio's cooperative budget can keep it from firing while a socket
+    /// stays readable, so under a flood the deadlines would come late. The deadline
+    /// compared is the one armed before this event (one clock read, no fold over the
+    /// session's timers per event); a deadline the event itself moved earlier is armed at
+    /// the top of the loop and checked after the next.
+    fn fire_late_timer(&mut self) {
+        let now = Instant::now();
+        if self.timer_at.is_some_and(|t| t <= now) {
+            self.timer_at = None;
+            self.session.handle_timeout(now.into_std());
         }
     }
 

@@ -302,20 +302,7 @@ impl PullTracker {
             | PullStatus::ConsumerUnavailable => {
                 let newest = status == PullStatus::ConsumerUnavailable;
                 if let Some(i) = inbox.placed_on(reply, newest) {
-                    let (at, next) = match (status, inbox.requests[i].phase) {
-                        (PullStatus::ConsumerUnavailable, _) => {
-                            (now + PROBE_INTERVAL, Placement::Probe)
-                        }
-                        // The sender is the new leader: a probe would only wait out its
-                        // own expiry if that leader is not delivering yet.
-                        (PullStatus::LeaderChanged, _) => (now, Placement::Full),
-                        (_, PullPhase::Probing { answered: true, .. }) => (now, Placement::Full),
-                        _ => (now, Placement::Probe),
-                    };
-                    let r = &mut inbox.requests[i];
-                    // A no_wait request is answered at once rather than waited for.
-                    let at = if r.body.no_wait { now } else { at };
-                    r.lose(at, next, now);
+                    lost_to_leader(inbox, i, status, now);
                 }
                 Shield::Hide
             }
@@ -325,20 +312,7 @@ impl PullTracker {
             }
             PullStatus::Rejected(Rejection::HeartbeatTooLarge) => {
                 match inbox.placed_on(reply, true) {
-                    Some(i) if !inbox.requests[i].as_sent => {
-                        // Ours, not the client's: place it again without one.
-                        let r = &mut inbox.requests[i];
-                        r.no_hb = true;
-                        r.phase = PullPhase::Unplaced {
-                            at: now,
-                            next: Placement::Full,
-                        };
-                        Shield::Hide
-                    }
-                    Some(i) => {
-                        inbox.requests.remove(i);
-                        Shield::Forward
-                    }
+                    Some(i) => heartbeat_refused(inbox, i, now),
                     None => Shield::Forward,
                 }
             }
@@ -505,4 +479,37 @@ fn ended(inbox: &mut Inbox, i: usize, now: Instant) -> Shield {
     }
     inbox.requests.remove(i);
     Shield::Forward
+}
+
+/// A leader status (changed, shut down) or an unavailable consumer for placed request
+/// `i`: it is lost, and placed again, in full at once where the sender is the new leader
+/// (a probe would only wait out its own expiry if that leader is not delivering yet), as
+/// a probe otherwise, after `PROBE_INTERVAL` while the consumer is unavailable.
+fn lost_to_leader(inbox: &mut Inbox, i: usize, status: PullStatus, now: Instant) {
+    let r = &mut inbox.requests[i];
+    let (at, next) = match (status, r.phase) {
+        (PullStatus::ConsumerUnavailable, _) => (now + PROBE_INTERVAL, Placement::Probe),
+        (PullStatus::LeaderChanged, _) => (now, Placement::Full),
+        (_, PullPhase::Probing { answered: true, .. }) => (now, Placement::Full),
+        _ => (now, Placement::Probe),
+    };
+    // A no_wait request is answered at once rather than waited for.
+    let at = if r.body.no_wait { now } else { at };
+    r.lose(at, next, now);
+}
+
+/// A heartbeat the server refused as too large for placed request `i`: ours (the
+/// proxy added it) is placed again without one; the client's own reaches the client.
+fn heartbeat_refused(inbox: &mut Inbox, i: usize, now: Instant) -> Shield {
+    let r = &mut inbox.requests[i];
+    if r.as_sent {
+        inbox.requests.remove(i);
+        return Shield::Forward;
+    }
+    r.no_hb = true;
+    r.phase = PullPhase::Unplaced {
+        at: now,
+        next: Placement::Full,
+    };
+    Shield::Hide
 }
