@@ -19,9 +19,12 @@ use crate::proto::encode;
 
 /// Largest idle heartbeat the proxy asks of the server for a request: a request lost
 /// without a status (its consumer leader moved before it replicated, or an R1 consumer's
-/// node went lame duck) is noticed after two of them. One small status a second per
-/// waiting request is the price.
-pub const UPSTREAM_HB_MAX: Duration = Duration::from_millis(150);
+/// node went lame duck) is noticed after two of them and [`HB_SLACK`](super::phase::HB_SLACK),
+/// 250 ms after its last sign. The price: 10 small statuses (about 90 bytes each) a
+/// second per request waiting idle, which the proxy swallows; 10,000 a second (0.9 MB/s
+/// from the servers) for a shared proxy whose 1,000 clients each keep one waiting. A
+/// request that receives messages gets none.
+pub const UPSTREAM_HB_MAX: Duration = Duration::from_millis(100);
 /// Smallest one: a request expiring so soon that its heartbeat would be shorter is only
 /// watched through its expiry.
 pub const UPSTREAM_HB_MIN: Duration = Duration::from_millis(100);
@@ -95,11 +98,15 @@ impl PullBody {
     /// The heartbeat the proxy asks of the server: a quarter of the expiry (so two missed
     /// beats, the loss signal, come by half of it, leaving the other half to place the
     /// request again), at most half the client's own (so the loss shows before the
-    /// client's monitor fires) and at most [`UPSTREAM_HB_MAX`]. `None`: no JSON body, a
-    /// `no_wait` request, no expiry, or an expiry under 4 × [`UPSTREAM_HB_MIN`]; the
-    /// client's own heartbeat (if any) is then kept as it is.
+    /// client's monitor fires) and at most [`UPSTREAM_HB_MAX`]. `None`: no JSON body, no
+    /// expiry, or an expiry under 4 × [`UPSTREAM_HB_MIN`]; the client's own heartbeat (if
+    /// any) is then kept as it is. A `no_wait` request with an expiry gets one too: the
+    /// server holds it until its first delivery or its expiry, with heartbeats
+    /// (`consumer.go`, `processNextMsgRequest`: "a one-shot situation"), and nats.go's,
+    /// cnats' and nats-py's `Fetch` start with one; lost with its consumer leader, it
+    /// would cost the client its whole wait.
     pub fn upstream_heartbeat(&self, expires: Option<Duration>) -> Option<Duration> {
-        if self.no_wait || self.json.is_none() {
+        if self.json.is_none() {
             return self.idle_heartbeat;
         }
         let (Some(exp), Some(original)) = (expires, self.expires) else {

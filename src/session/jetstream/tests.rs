@@ -148,10 +148,21 @@ fn the_upstream_heartbeat_follows_the_expiry_and_the_clients_own() {
     // nats.go Fetch, 990 ms: a quarter would be 247.5 ms, so the bound again.
     let f = request(&mut t, br#"{"batch":10,"expires":990000000}"#, now).unwrap();
     assert_eq!(hb(&f), max);
-    // 500 ms: a quarter, 125 ms, under the bound (a loss is seen by half the expiry).
-    let f = request(&mut t, br#"{"batch":10,"expires":500000000}"#, now).unwrap();
-    assert_eq!(hb(&f), Some(125_000_000));
-    // Too short to watch, no_wait, no JSON: left alone.
+    // 400 ms: a quarter is the bound itself (a loss is seen by about half the expiry).
+    let f = request(&mut t, br#"{"batch":10,"expires":400000000}"#, now).unwrap();
+    assert_eq!(hb(&f), Some(100_000_000));
+    // nats.go's, cnats' and nats-py's Fetch start with a no_wait request with an
+    // expiry, which the server holds like any other: watched too.
+    let f = request(
+        &mut t,
+        br#"{"batch":64,"expires":990000000,"no_wait":true}"#,
+        now,
+    )
+    .unwrap();
+    assert_eq!(hb(&f), max);
+    assert_eq!(body_of(&f)["no_wait"], true);
+    // Too short to watch, no_wait without an expiry (answered at once), no JSON: left
+    // alone.
     assert!(request(&mut t, br#"{"batch":1,"expires":300000000}"#, now).is_none());
     assert!(request(&mut t, br#"{"batch":5,"no_wait":true}"#, now).is_none());
     assert!(request(&mut t, b"", now).is_none());
@@ -162,7 +173,7 @@ fn the_upstream_heartbeat_follows_the_expiry_and_the_clients_own() {
     let g = request(&mut t, own, now).unwrap();
     assert_eq!(hb(&f), max, "the bound, under half the client's 400 ms");
     assert_eq!(hb(&g), Some(100_000_000), "half the client's own 200 ms");
-    assert_eq!(t.len(), 9);
+    assert_eq!(t.len(), 10);
 }
 
 #[test]
@@ -648,4 +659,54 @@ fn a_lost_requests_time_until_it_is_served_again_is_reported_once() {
     run_until(&mut t, t4 + PROBE_EXPIRES + PROBE_GRACE, true);
     assert!(replaced(&mut t).is_empty());
     assert_eq!(t.unplaced(), 0);
+}
+
+#[test]
+fn an_end_status_closes_the_request_it_answers_on_a_shared_inbox() {
+    // nats.go: Fetch returned at its first message and left its waiting request (1 s)
+    // behind; the next Fetch's no_wait request is out beside it on the same inbox.
+    let t0 = Instant::now();
+    let mut t = PullTracker::default();
+    request(&mut t, br#"{"batch":63,"expires":990000000}"#, t0);
+    let t1 = t0 + Duration::from_millis(10);
+    request(
+        &mut t,
+        br#"{"batch":64,"expires":990000000,"no_wait":true}"#,
+        t1,
+    );
+    // The one-shot's delivery and its 404 (2.15; 2.9 ends it with a 408) end the
+    // no_wait request, not the older waiting one.
+    assert_eq!(t.on_message(&delivery("1", 7), t1), Shield::Forward);
+    let end = status("1", "404 No Messages");
+    assert_eq!(t.on_message(&end, t1), Shield::Forward);
+    let waiting = [PullPhase::Live { placed: t0 }];
+    assert_eq!(t.phases(b"1"), waiting);
+    request(
+        &mut t,
+        br#"{"batch":64,"expires":990000000,"no_wait":true}"#,
+        t1,
+    );
+    let end = status(
+        "1",
+        "408 Request Timeout\r\nNats-Pending-Messages: 63\r\nNats-Pending-Bytes: 0",
+    );
+    assert_eq!(t.on_message(&end, t1), Shield::Forward);
+    assert_eq!(t.phases(b"1"), waiting);
+    // The waiting request is still watched: its heartbeats keep it placed, and their
+    // absence would be noticed; nothing is answered for it now.
+    assert!(run_until(&mut t, t1 + Duration::from_millis(100), true).is_empty());
+    // A 408 at its deadline is its expiry, even with a newer no_wait request out.
+    let t2 = t0 + Duration::from_millis(985);
+    request(
+        &mut t,
+        br#"{"batch":64,"expires":990000000,"no_wait":true}"#,
+        t2,
+    );
+    let hb = status(
+        "1",
+        "100 Idle Heartbeat\r\nNats-Last-Consumer: 7\r\nNats-Last-Stream: 7",
+    );
+    assert_eq!(t.on_message(&hb, t2), Shield::Swallow);
+    assert_eq!(t.on_message(&end, t2), Shield::Forward);
+    assert_eq!(t.phases(b"1"), [PullPhase::Live { placed: t2 }]);
 }

@@ -22,6 +22,11 @@ use crate::proto::Message;
 /// Bound of tracked requests per session.
 pub const MAX_TRACKED_REQUESTS: usize = 1024;
 
+/// How far before a request's deadline a `408` still counts as that request's expiry
+/// (the server's timer and the proxy's clock differ by the link's latency and the
+/// driver's scheduling).
+pub const EXPIRY_MATCH: Duration = Duration::from_millis(100);
+
 #[derive(Debug)]
 struct Inbox {
     requests: VecDeque<Request>,
@@ -56,6 +61,36 @@ impl Inbox {
         } else {
             self.requests.iter().position(hit)
         }
+    }
+
+    /// The placed request on `reply` that an end status with `code` closes. A status
+    /// names only the reply, and a client may keep several requests on one inbox: nats.go
+    /// returns from `Fetch` at its first message and leaves its waiting request behind, so
+    /// the next `Fetch`'s `no_wait` request is out beside it. A `408` at a request's
+    /// deadline (within [`EXPIRY_MATCH`]) is that request's expiry; any other `404` or
+    /// `408` answers a `no_wait` request (nothing pending, other requests pending, or the
+    /// one-shot served), the oldest one; everything else the oldest request. Closing the
+    /// wrong one would leave the right one tracked as placed: its heartbeats then stop,
+    /// and the proxy would answer the client again for a request the server already
+    /// ended.
+    fn ended_by(&self, reply: &[u8], code: Option<u16>, now: Instant) -> Option<usize> {
+        let placed = |r: &&Request| r.placed() && r.reply == reply;
+        let candidates = || self.requests.iter().enumerate().filter(|(_, r)| placed(r));
+        if code == Some(408) {
+            let expiring = candidates()
+                .filter_map(|(i, r)| r.deadline.map(|d| (i, d)))
+                .filter(|(_, d)| d.saturating_duration_since(now) <= EXPIRY_MATCH)
+                .min_by_key(|(_, d)| *d);
+            if let Some((i, _)) = expiring {
+                return Some(i);
+            }
+        }
+        if matches!(code, Some(404 | 408)) {
+            if let Some((i, _)) = candidates().find(|(_, r)| r.body.no_wait) {
+                return Some(i);
+            }
+        }
+        candidates().map(|(i, _)| i).next()
     }
 
     /// The consumer answered: a probe has done its job, and requests waiting for a
@@ -292,7 +327,7 @@ impl PullTracker {
             }
             PullStatus::Ended => {
                 inbox.consumer_answered(now, &mut self.replaced);
-                match inbox.placed_on(reply, false) {
+                match inbox.ended_by(reply, m.status(), now) {
                     Some(i) => ended(inbox, i, now),
                     None => Shield::Forward,
                 }
