@@ -412,6 +412,95 @@ async fn spawn_reference(url: String, expect: u64, secs: u64) -> tokio::task::Jo
     })
 }
 
+/// The longest a pull consumer may have messages to deliver and no request of its
+/// client's at the server, in a rolling restart (issue 16: 0.5 s), for clients whose
+/// requests wait long (Vector's loop, nats.js `consume()`): only the proxy can notice
+/// that one was lost.
+const STARVED_BOUND: Duration = Duration::from_millis(500);
+
+/// The same for the `Fetch` loops (1 s `MaxWait`): their own expiry plus one watch
+/// interval. Issue 16's 0.5 s is not met for them in every run (a 1 s gap in 2 of 6 runs
+/// on 2.15.1 and 2 of 3 on 2.9.10, 2026-12-05; README, "Pull gaps"): a request placed while the consumer leader moves can be held
+/// somewhere that sends heartbeats and never delivers (2.9.10: `409 Leadership Change`,
+/// then nothing until the client's next `Fetch` 1 s later, while the new leader reports
+/// no request waiting), so heartbeats do not show it lost. Asserted: the proxy never
+/// makes a `Fetch` wait longer than its own expiry.
+const FETCH_STARVED_BOUND: Duration = Duration::from_millis(1100);
+
+/// The pull clients that loop on `Fetch` with a 1 s wait.
+const FETCH_LOOPS: [&str; 3] = ["nats.go", "cnats", "nats-py"];
+
+/// How often [`spawn_consumer_watch`] asks for each consumer's state.
+const WATCH_EVERY: Duration = Duration::from_millis(100);
+
+/// The cluster's side of a pull consumer's gaps: `CONSUMER.INFO` of each durable every
+/// [`WATCH_EVERY`], from the publisher node (it never restarts, no proxy between).
+/// "Starved": the consumer answers (it has a leader), has messages to deliver
+/// (`num_pending` > 0), delivered nothing since the last sample and has no request
+/// waiting (`num_waiting` = 0): the client gets nothing because no request of its is at
+/// the server, one lost and not placed again (the proxy's business) or the client
+/// between two of its own. A gap without a starved stretch is the cluster's: no leader,
+/// nothing yet for the consumer to deliver (its replica behind), or a request held and
+/// not served. (A `Fetch` loop catching up on a backlog has no request waiting at most
+/// samples, one-shot requests being served at once: its deliveries tell it apart.)
+/// Ends when `stop` is set, with the longest starved stretch of each durable (first to
+/// last starved sample, plus one interval) and when it ended.
+fn spawn_consumer_watch(
+    url: String,
+    durables: Vec<String>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<(String, Duration, u64)>> {
+    tokio::spawn(async move {
+        let js = jetstream::new(async_nats::connect(url).await.unwrap());
+        let mut consumers: Vec<Option<jetstream::consumer::PullConsumer>> =
+            durables.iter().map(|_| None).collect();
+        let mut since: Vec<Option<Instant>> = vec![None; durables.len()];
+        let mut delivered = vec![0u64; durables.len()];
+        let mut longest = vec![(Duration::ZERO, 0u64); durables.len()];
+        let mut tick = tokio::time::interval(WATCH_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while !stop.load(Ordering::Relaxed) {
+            tick.tick().await;
+            for (i, d) in durables.iter().enumerate() {
+                if consumers[i].is_none() {
+                    consumers[i] =
+                        async { js.get_stream(STREAM).await.ok()?.get_consumer(d).await.ok() }
+                            .await;
+                }
+                let Some(c) = consumers[i].as_mut() else {
+                    continue;
+                };
+                let info = tokio::time::timeout(WATCH_EVERY * 2, c.info()).await;
+                let starved = match &info {
+                    Ok(Ok(c)) => {
+                        let idle = c.delivered.consumer_sequence == delivered[i];
+                        delivered[i] = c.delivered.consumer_sequence;
+                        idle && c.num_pending > 0 && c.num_waiting == 0
+                    }
+                    _ => false,
+                };
+                let now = Instant::now();
+                since[i] = if starved {
+                    Some(since[i].unwrap_or(now))
+                } else {
+                    None
+                };
+                if let Some(first) = since[i] {
+                    let stretch = now - first + WATCH_EVERY;
+                    if stretch > longest[i].0 {
+                        longest[i] = (stretch, unix_ms());
+                    }
+                }
+            }
+        }
+        durables
+            .into_iter()
+            .zip(longest)
+            .map(|(d, (l, at))| (d, l, at))
+            .collect()
+    })
+}
+
 /// What an in-process consumer has received: the message numbers seen, and when the
 /// last one came, for the largest gap of its [`Outcome`].
 struct Receipts {
@@ -535,6 +624,26 @@ struct Run {
     tasks: Vec<tokio::task::JoinHandle<Outcome>>,
     /// Core subscribers, and how many of them saw a probe.
     core: (u64, Arc<AtomicU64>),
+    /// Each pull client's name and durable.
+    durables: Vec<(String, String)>,
+    /// The consumer watch, if started ([`Run::watch_consumers`]), and its stop flag.
+    watch: Option<Watch>,
+}
+
+type Watch = (
+    Arc<std::sync::atomic::AtomicBool>,
+    tokio::task::JoinHandle<Vec<(String, Duration, u64)>>,
+);
+
+impl Run {
+    /// Starts watching every pull client's consumer (see [`spawn_consumer_watch`]) until
+    /// the clients are done.
+    fn watch_consumers(&mut self) {
+        let url = self.cluster.publisher.as_ref().unwrap().url();
+        let durables = self.durables.iter().map(|(_, d)| d.clone()).collect();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        self.watch = Some((stop.clone(), spawn_consumer_watch(url, durables, stop)));
+    }
 }
 
 /// Cluster, stream, one proxy per client, every client READY.
@@ -588,11 +697,23 @@ async fn start(
         proxies.push(p);
     }
     let cores = clients.iter().filter(|c| c.mode == Mode::Core).count() as u64;
+    let mut durables: Vec<(String, String)> = clients
+        .iter()
+        .filter_map(|c| match c.mode {
+            Mode::Pull(d) => Some((c.name.clone(), d.to_owned())),
+            _ => None,
+        })
+        .collect();
+    if wanted("async-nats (Vector loop)") {
+        durables.push(("async-nats (Vector loop)".into(), "AN".into()));
+    }
     Run {
         cluster,
         proxies,
         tasks,
         core: (cores, probed),
+        durables,
+        watch: None,
     }
 }
 
@@ -633,12 +754,33 @@ struct Finished {
     /// always know the first copy's message id (seen: 1 in 3,000). Each consumer then
     /// gets both copies, under two stream sequences; that is not the proxy's doing.
     stream_copies: u64,
+    /// Each watched pull client's longest starved stretch (see [`spawn_consumer_watch`])
+    /// and when it ended (unix ms).
+    starved: Vec<(String, Duration, u64)>,
 }
 
 async fn finish(run: Run, published: u64, healthy_unix_ms: Option<u64>) -> Finished {
     let mut outcomes = Vec::new();
     for t in run.tasks {
         outcomes.push(t.await.unwrap());
+    }
+    let mut starved = Vec::new();
+    if let Some((stop, watch)) = run.watch {
+        stop.store(true, Ordering::Relaxed);
+        for (durable, longest, at) in watch.await.unwrap() {
+            let name = run
+                .durables
+                .iter()
+                .find(|(_, d)| *d == durable)
+                .unwrap()
+                .0
+                .clone();
+            eprintln!(
+                "{name:<26} longest starved stretch {} ms, ended unix ms {at}",
+                longest.as_millis()
+            );
+            starved.push((name, longest, at));
+        }
     }
     let url = run.cluster.publisher.as_ref().unwrap().url();
     let js = jetstream::new(async_nats::connect(url).await.unwrap());
@@ -678,6 +820,7 @@ async fn finish(run: Run, published: u64, healthy_unix_ms: Option<u64>) -> Finis
     Finished {
         outcomes,
         stream_copies,
+        starved,
     }
 }
 
@@ -703,6 +846,7 @@ fn assert_clean(f: &Finished, expect: u64) {
 async fn every_client_through_a_rolling_lame_duck_restart_r3() {
     const N: u64 = 3000;
     let mut run = start(external_clients(true, Some(true)), 3, None, N, 180).await;
+    run.watch_consumers();
     let url = run.cluster.publisher.as_ref().unwrap().url();
     let reference = spawn_reference(url.clone(), N, 180).await;
     let publisher = spawn_publisher(url, N, 150, Arc::default());
@@ -734,11 +878,14 @@ async fn every_client_through_a_rolling_lame_duck_restart_r3() {
     );
     let finished = finish(run, N, None).await;
     assert_clean(&finished, N);
-    // Issue 16 asks for a largest pull gap of 0.5 s; not asserted yet: in the runs of
-    // 2026-12-04 the `Fetch` loops saw 0.42-0.48 s, but cnats and nats-py 1.0 s in 2 of 3
-    // runs on 2.9.10 (nats-py in 2 of 6 on 2.15.1): their request in flight when the
-    // consumer leader left got nothing until the client's own 1 s expiry. The figures
-    // are printed for the record (README, "Pull gaps").
+    // Issue 16: no pull client waits more than 0.5 s for a request the proxy lost. A
+    // client's largest gap also holds the cluster's own stalls, which no proxy shortens
+    // (seen: three consumers' last message 1.56 s late, all three in the same
+    // millisecond, their consumers answering `404 No Messages` meanwhile; the direct
+    // reference's 5.3 s). So the gaps are printed, and what is asserted is the time
+    // each consumer had a leader and messages to deliver but no request of its client's
+    // at the server: a request lost with its leader and not yet placed again (see
+    // `FETCH_STARVED_BOUND` for what is not met).
     let gaps: Vec<String> = finished
         .outcomes
         .iter()
@@ -746,6 +893,32 @@ async fn every_client_through_a_rolling_lame_duck_restart_r3() {
         .map(|o| format!("{} {} ms", o.name, o.max_gap_ms))
         .collect();
     eprintln!("largest pull gaps: {}", gaps.join(", "));
+    let starved: Vec<String> = finished
+        .starved
+        .iter()
+        .filter_map(|(name, longest, at)| {
+            let bound = if FETCH_LOOPS.contains(&name.as_str()) {
+                FETCH_STARVED_BOUND
+            } else {
+                STARVED_BOUND
+            };
+            (*longest > bound).then(|| {
+                format!(
+                    "{name}: {} ms (bound {bound:?}), ended unix ms {at}",
+                    longest.as_millis()
+                )
+            })
+        })
+        .collect();
+    assert_eq!(
+        finished.starved.len(),
+        finished.outcomes.iter().filter(|o| o.pull).count()
+    );
+    assert!(
+        starved.is_empty(),
+        "pull consumers with messages and no request at the server for too long:\n{}",
+        starved.join("\n")
+    );
 }
 
 /// R1 stream and consumers on n1; n1 goes lame duck and stays away 40 s. Every client
