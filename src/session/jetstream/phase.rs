@@ -13,7 +13,7 @@
 //!   LeaderChanged (409 Leadership Change) ──► Unplaced{now, Full}: its sender is the new leader
 //!   LeaderShutDown, heartbeats missed, failover ──► Unplaced{now, Probe}: the consumer may be away
 //!   Unplaced at the client's deadline - EXPIRE_LEAD ──► 408 Request Timeout made by the proxy
-//!   Unplaced no_wait ──► 404 No Messages made by the proxy, at once
+//!   Unplaced no_wait without expiry ──► 404 No Messages made by the proxy, at once
 //!   Live past deadline + LIVE_EXPIRY_GRACE without an end ──► forgotten
 //! ```
 //!
@@ -95,6 +95,9 @@ pub(super) struct Request {
     pub(super) no_hb: bool,
     /// The current placement is the client's own frame, unchanged.
     pub(super) as_sent: bool,
+    /// A delivery came under the current placement (a one-shot `no_wait` request is
+    /// then served, and its end is the client's).
+    pub(super) served: bool,
     pub(super) phase: PullPhase,
     /// When the request was found lost (its leader moved, its link failed, its
     /// heartbeats stopped); taken, and the time reported, by the consumer's first answer
@@ -161,7 +164,7 @@ impl Request {
             // (cnats, nats.go's first Fetch request) that got no answer is gone.
             PullPhase::Live { placed } => self
                 .deadline
-                .or(self.body.no_wait.then_some(placed))
+                .or(self.body.answered_at_once().then_some(placed))
                 .map(|d| (d + LIVE_EXPIRY_GRACE, Due::Forget)),
             PullPhase::Probing { .. } => None,
         };
@@ -172,7 +175,7 @@ impl Request {
             PullPhase::Probing { until, .. } => Some((until + PROBE_GRACE, Due::ProbeUnanswered)),
             PullPhase::Unplaced { at, next } => {
                 let blocked = !upstream || (next == Placement::Probe && probe_out);
-                (!blocked || self.body.no_wait).then_some((at, Due::Place(next)))
+                (!blocked || self.body.answered_at_once()).then_some((at, Due::Place(next)))
             }
         };
         [expire, own].into_iter().flatten().min_by_key(|(t, _)| *t)
@@ -200,6 +203,7 @@ pub(super) fn place(r: &mut Request, how: Placement, now: Instant) -> (Bytes, Op
     let frame =
         request::encode_placement(&r.api_subject, &r.reply, r.headers.as_deref(), &r.body, ask);
     r.as_sent = false;
+    r.served = false;
     let mut lost_for = None;
     r.phase = match how {
         Placement::Full => {

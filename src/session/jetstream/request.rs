@@ -95,6 +95,14 @@ pub fn parse_body(payload: &[u8]) -> Option<PullBody> {
 }
 
 impl PullBody {
+    /// A `no_wait` request without an expiry: the server answers it at once (messages
+    /// and an end, or `404 No Messages`) and never holds it. A `no_wait` request with an
+    /// expiry is held like any other until its first delivery or its expiry, which ends
+    /// it with `408 Request Timeout` (seen on 2.15.1 and 2.9.10), and is treated as one.
+    pub fn answered_at_once(&self) -> bool {
+        self.no_wait && self.expires.is_none()
+    }
+
     /// The heartbeat the proxy asks of the server: a quarter of the expiry (so two missed
     /// beats, the loss signal, come by half of it, leaving the other half to place the
     /// request again), at most half the client's own (so the loss shows before the

@@ -710,3 +710,73 @@ fn an_end_status_closes_the_request_it_answers_on_a_shared_inbox() {
     assert_eq!(t.on_message(&end, t2), Shield::Forward);
     assert_eq!(t.phases(b"1"), [PullPhase::Live { placed: t2 }]);
 }
+
+#[test]
+fn a_lost_no_wait_request_with_an_expiry_is_placed_again_not_answered() {
+    // nats.go's first Fetch request. The server holds it like a waiting one, so lost
+    // with its consumer it is placed again; a 404 from the proxy would send the client
+    // to its waiting request while this one may still end, and nats.go reports a 404
+    // that reaches its waiting request as an error.
+    let t0 = Instant::now();
+    let mut t = PullTracker::default();
+    let body = br#"{"batch":64,"expires":990000000,"no_wait":true}"#;
+    request(&mut t, body, t0);
+    let lost = t0 + UPSTREAM_HB_MAX * 2 + HB_SLACK;
+    let out = run_until(&mut t, lost, true);
+    assert!(client(&out).is_empty(), "{out:?}");
+    let probe = upstream(&out);
+    assert_eq!(probe.len(), 1, "{out:?}");
+    assert_eq!(body_of(&probe[0])["no_wait"], true);
+    // Unanswered to the end (2.9 never answers a pull to an absent consumer): the
+    // server's own end of such a request, 408, before the client's deadline.
+    let out = run_until(&mut t, t0 + Duration::from_secs(2), true);
+    let c = client(&out);
+    assert_eq!(c.len(), 1, "{out:?}");
+    assert!(c[0].contains("408 Request Timeout"), "{c:?}");
+    assert!(t.is_empty());
+}
+
+#[test]
+fn a_probe_that_serves_a_no_wait_request_ends_it() {
+    let t0 = Instant::now();
+    let mut t = PullTracker::default();
+    request(
+        &mut t,
+        br#"{"batch":64,"expires":990000000,"no_wait":true}"#,
+        t0,
+    );
+    assert_eq!(
+        t.on_message(&status("1", "409 Server Shutdown"), t0),
+        Shield::Hide
+    );
+    let out = run_until(&mut t, t0, true);
+    assert_eq!(upstream(&out).len(), 1, "probed: {out:?}");
+    // The probe gets a message, then the end a one-shot gets: the client's answer.
+    let t1 = t0 + Duration::from_millis(20);
+    assert_eq!(t.on_message(&delivery("1", 9), t1), Shield::Forward);
+    assert_eq!(
+        t.on_message(&status("1", "404 No Messages"), t1),
+        Shield::Forward
+    );
+    assert!(t.is_empty());
+    // A probe that got nothing ends at its expiry: swallowed, the rest placed in full.
+    request(
+        &mut t,
+        br#"{"batch":64,"expires":990000000,"no_wait":true}"#,
+        t1,
+    );
+    assert_eq!(
+        t.on_message(&status("1", "409 Server Shutdown"), t1),
+        Shield::Hide
+    );
+    assert_eq!(upstream(&run_until(&mut t, t1, true)).len(), 1);
+    let t2 = t1 + PROBE_EXPIRES;
+    let end = status(
+        "1",
+        "408 Request Timeout\r\nNats-Pending-Messages: 64\r\nNats-Pending-Bytes: 0",
+    );
+    assert_eq!(t.on_message(&end, t2), Shield::Swallow);
+    let full = upstream(&run_until(&mut t, t2, true));
+    assert_eq!(full.len(), 1);
+    assert_eq!(body_of(&full[0])["batch"], 64);
+}

@@ -239,6 +239,7 @@ impl PullTracker {
             hb,
             no_hb: false,
             as_sent: rewritten.is_none(),
+            served: false,
             phase: PullPhase::Live { placed: now },
             lost_at: None,
             body,
@@ -292,6 +293,7 @@ impl PullTracker {
         inbox.consumer_answered(now, &mut self.replaced);
         if let Some(i) = inbox.requests.iter().position(Request::placed) {
             let r = &mut inbox.requests[i];
+            r.served = true;
             r.batch_left = r.batch_left.saturating_sub(1);
             if let Some(b) = r.bytes_left.as_mut() {
                 *b = b.saturating_sub(total_len as u64);
@@ -418,7 +420,7 @@ impl PullTracker {
                 let r = &mut inbox.requests[i];
                 match what {
                     Due::Expire => {
-                        let frame = if r.body.no_wait {
+                        let frame = if r.body.answered_at_once() {
                             request::no_messages(&r.reply, sid)
                         } else {
                             let bytes = r.bytes_left.unwrap_or(0);
@@ -445,7 +447,7 @@ impl PullTracker {
                             },
                         };
                     }
-                    Due::Place(_) if r.body.no_wait => {
+                    Due::Place(_) if r.body.answered_at_once() => {
                         // The consumer is away or moved: a no_wait request is answered
                         // "nothing now", as the server answers it with nothing pending.
                         out.push(PullAction::ToClient(request::no_messages(&r.reply, sid)));
@@ -500,12 +502,15 @@ impl PullTracker {
 }
 
 /// An `Ended` status for placed request `i`: a probe that ended before the client's
-/// deadline is the proxy's business (place the rest in full); anything else is the
+/// deadline is the proxy's business (place the rest in full), unless it served a one-shot
+/// `no_wait` request (a delivery came: the server ends such a request at its first
+/// messages, and so would the client's own placement have ended); anything else is the
 /// request's true end and reaches the client.
 fn ended(inbox: &mut Inbox, i: usize, now: Instant) -> Shield {
     let r = &mut inbox.requests[i];
     let client_time_left = r.remaining(now).is_none_or(|d| !d.is_zero());
-    if matches!(r.phase, PullPhase::Probing { .. }) && client_time_left && !r.body.no_wait {
+    let one_shot_served = r.body.no_wait && r.served;
+    if matches!(r.phase, PullPhase::Probing { .. }) && client_time_left && !one_shot_served {
         r.phase = PullPhase::Unplaced {
             at: now,
             next: Placement::Full,
@@ -528,8 +533,8 @@ fn lost_to_leader(inbox: &mut Inbox, i: usize, status: PullStatus, now: Instant)
         (_, PullPhase::Probing { answered: true, .. }) => (now, Placement::Full),
         _ => (now, Placement::Probe),
     };
-    // A no_wait request is answered at once rather than waited for.
-    let at = if r.body.no_wait { now } else { at };
+    // A no_wait request without expiry is answered at once rather than waited for.
+    let at = if r.body.answered_at_once() { now } else { at };
     r.lose(at, next, now);
 }
 
