@@ -160,8 +160,8 @@ impl Request {
         // deadline): its 408, if the consumer is there, comes at `until`.
         let expire = match self.phase {
             PullPhase::Unplaced { .. } => self.expire_at().map(|t| (t, Due::Expire)),
-            // The server answers a no_wait request at once; one without an expiry
-            // (cnats, nats.go's first Fetch request) that got no answer is gone.
+            // The server answers a no_wait request without an expiry at once; one that
+            // got no answer is gone.
             PullPhase::Live { placed } => self
                 .deadline
                 .or(self.body.answered_at_once().then_some(placed))
