@@ -1,0 +1,145 @@
+//! Fixed work for instruction counts (callgrind), which are repeatable for a binary where
+//! wall-clock benchmarks on a shared VM vary by ±15 %: 100,000 frames of 128 B in 64 KiB
+//! reads (5 passes over a 20,000-frame stream, the copy into the read buffer included),
+//! through one of five paths, the same as `benches/codec.rs` measures.
+//!
+//!   cargo build --release --example instructions
+//!   valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+//!       target/release/examples/instructions decode-msg
+//!
+//! Paths: decode-msg, decode-hmsg, decode-pub, session-msg (decode, route by sid,
+//! relay), session-pub (decode, keep until confirmed, relay, confirm).
+
+use std::time::Instant;
+
+use bytes::BytesMut;
+use natsproxy::proto::{encode, ClientDecoder, Limits, ServerDecoder};
+use natsproxy::session::{Action, Epoch, Session, SessionConfig};
+
+const FRAMES: usize = 20_000;
+const PASSES: usize = 5;
+const READ: usize = 64 * 1024;
+
+fn msg(headers: bool) -> Vec<u8> {
+    let h: &[u8] = b"NATS/1.0\r\nA: b\r\n\r\n";
+    encode::msg(
+        b"logs.app.v1",
+        b"1",
+        Some(b"$JS.ACK.LOGS.C.1.5.5.1795971532879267765.0"),
+        headers.then_some(h),
+        &[b'x'; 128],
+    )
+    .to_vec()
+}
+
+fn publish() -> Vec<u8> {
+    encode::publish(b"logs.app.v1", None, None, &[b'x'; 128]).to_vec()
+}
+
+/// Feeds `stream` in `READ`-byte reads, as the driver reads a socket.
+fn feed(stream: &[u8], mut f: impl FnMut(&mut BytesMut)) {
+    let mut buf = BytesMut::with_capacity(READ * 2);
+    for chunk in stream.chunks(READ) {
+        if buf.capacity() - buf.len() < READ {
+            buf.reserve(READ);
+        }
+        buf.extend_from_slice(chunk);
+        f(&mut buf);
+    }
+}
+
+/// A session with one subscription on sid 1, past its handshake.
+fn connected_session() -> (Session, Epoch) {
+    let now = Instant::now();
+    let mut s = Session::new(SessionConfig::default(), now);
+    let epoch = std::iter::from_fn(|| s.poll_action())
+        .find_map(|a| match a {
+            Action::Dial { epoch, .. } => Some(epoch),
+            _ => None,
+        })
+        .expect("a new session dials first");
+    while s.poll_action().is_some() {}
+    s.handle_upstream_connected(epoch, now);
+    let mut b = BytesMut::from(&b"INFO {\"server_id\":\"S\",\"max_payload\":1048576} \r\n"[..]);
+    s.handle_upstream_bytes(epoch, &mut b, now);
+    let mut b =
+        BytesMut::from(&b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB logs.> 1\r\n"[..]);
+    s.handle_client_bytes(&mut b, now);
+    let mut b = BytesMut::from(&b"PONG\r\nPONG\r\n"[..]);
+    s.handle_upstream_bytes(epoch, &mut b, now);
+    while s.poll_action().is_some() {}
+    (s, epoch)
+}
+
+fn main() {
+    let path = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "decode-msg".into());
+    let frame = match path.as_str() {
+        "decode-msg" | "session-msg" => msg(false),
+        "decode-hmsg" => msg(true),
+        "decode-pub" | "session-pub" => publish(),
+        other => panic!("unknown path {other}"),
+    };
+    let stream = frame.repeat(FRAMES);
+    let mut count = 0usize;
+    match path.as_str() {
+        "decode-pub" => {
+            let limits = Limits {
+                max_payload: 1 << 20,
+                ..Limits::default()
+            };
+            for _ in 0..PASSES {
+                let mut d = ClientDecoder::new(limits);
+                feed(&stream, |buf| {
+                    while let Ok(Some(_)) = d.decode(buf) {
+                        count += 1;
+                    }
+                });
+            }
+        }
+        "decode-msg" | "decode-hmsg" => {
+            for _ in 0..PASSES {
+                let mut d = ServerDecoder::new(Limits::upstream());
+                feed(&stream, |buf| {
+                    while let Ok(Some(_)) = d.decode(buf) {
+                        count += 1;
+                    }
+                });
+            }
+        }
+        "session-msg" => {
+            let (mut s, epoch) = connected_session();
+            let now = Instant::now();
+            let mut wbuf = BytesMut::with_capacity(1 << 20);
+            for _ in 0..PASSES {
+                feed(&stream, |buf| {
+                    s.handle_upstream_bytes(epoch, buf, now);
+                    s.take_client_output(&mut wbuf);
+                    count += wbuf.len();
+                    wbuf.clear();
+                    while s.poll_action().is_some() {}
+                });
+            }
+            count /= frame.len();
+        }
+        _ => {
+            let (mut s, epoch) = connected_session();
+            let now = Instant::now();
+            for _ in 0..PASSES {
+                feed(&stream, |buf| {
+                    let before = buf.len();
+                    s.handle_client_bytes(buf, now);
+                    count += (before - buf.len()) / frame.len();
+                    while s.poll_action().is_some() {}
+                    // The upstream confirms what was written, as it would.
+                    let mut pong = BytesMut::from(&b"PONG\r\n"[..]);
+                    s.handle_upstream_bytes(epoch, &mut pong, now);
+                    while s.poll_action().is_some() {}
+                });
+            }
+        }
+    }
+    assert_eq!(count, FRAMES * PASSES, "{path}: every frame through");
+    println!("{path}: {count} frames of {} bytes", frame.len());
+}
