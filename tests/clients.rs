@@ -696,7 +696,7 @@ async fn start(
         proxies.push(p);
     }
     let cores = clients.iter().filter(|c| c.mode == Mode::Core).count() as u64;
-    let mut durables: Vec<(String, String)> = clients
+    let mut pull_durables: Vec<(String, String)> = clients
         .iter()
         .filter_map(|c| match c.mode {
             Mode::Pull(d) => Some((c.name.clone(), d.to_owned())),
@@ -704,14 +704,14 @@ async fn start(
         })
         .collect();
     if wanted("async-nats (Vector loop)") {
-        durables.push(("async-nats (Vector loop)".into(), "AN".into()));
+        pull_durables.push(("async-nats (Vector loop)".into(), "AN".into()));
     }
     Run {
         cluster,
         proxies,
         tasks,
         core: (cores, probed),
-        durables,
+        durables: pull_durables,
         watch: None,
     }
 }
