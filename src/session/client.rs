@@ -250,7 +250,7 @@ impl Session {
             debug!(reply = %String::from_utf8_lossy(reply), "acked again a redelivery the client had acked");
             if !self.pulls.is_empty() {
                 self.pulls
-                    .on_delivery(m.sid(), Some(reply), m.total_len(), self.now);
+                    .on_hidden_delivery(m.sid(), m.total_len(), self.now);
             }
             if !self.pulls.tracks(m.sid()) {
                 // A push consumer's: its heartbeats must not name this delivery.

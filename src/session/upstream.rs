@@ -374,7 +374,7 @@ impl Session {
             match action {
                 PullAction::Reissue(frame) => {
                     self.stats.pulls_reissued += 1;
-                    info!(request = %String::from_utf8_lossy(&frame[..frame.len().min(200)]).trim_end(), "placing a lost pull request again");
+                    info!(request = %String::from_utf8_lossy(&frame[..frame.len().min(200)]).trim_end(), "placing a pull request again");
                     self.send_publish(Pending::Untracked(frame));
                     placed = true;
                 }

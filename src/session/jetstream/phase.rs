@@ -15,6 +15,7 @@
 //!   Unplaced at the client's deadline - EXPIRE_LEAD ──► 408 Request Timeout made by the proxy
 //!   Unplaced no_wait without expiry ──► 404 No Messages made by the proxy, at once
 //!   Live past deadline + LIVE_EXPIRY_GRACE without an end ──► forgotten
+//!   Live, its placement's credit used by deliveries kept from the client ──► Unplaced{now, Full}
 //! ```
 //!
 //! - **Live**: placed upstream with the client's remaining credit and expiry, and a
@@ -98,12 +99,22 @@ pub(super) struct Request {
     /// A delivery came under the current placement (a one-shot `no_wait` request is
     /// then served, and its end is the client's).
     pub(super) served: bool,
+    /// Deliveries of the current placement the proxy kept from the client (redeliveries
+    /// of messages it had acked): they used the placement's credit, not the client's.
+    pub(super) hidden: Hidden,
     pub(super) phase: PullPhase,
     /// When the request was found lost (its leader moved, its link failed, its
     /// heartbeats stopped); taken, and the time reported, by the consumer's first answer
     /// to a probe of it or by its next full placement, whichever comes first. A request
     /// that ends unplaced (the proxy's `408`) reports nothing.
     pub(super) lost_at: Option<Instant>,
+}
+
+/// Credit of a placement that went to deliveries the client never saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Hidden {
+    pub(super) msgs: u64,
+    pub(super) bytes: u64,
 }
 
 /// What is due for one request, and when.
@@ -127,6 +138,38 @@ impl Request {
     pub(super) fn lose(&mut self, at: Instant, next: Placement, now: Instant) {
         self.lost_at.get_or_insert(now);
         self.phase = PullPhase::Unplaced { at, next };
+    }
+
+    /// One delivery of `len` bytes under the current placement; `hidden`: the proxy kept
+    /// it from the client. Returns true when the client's credit is used up (the request
+    /// is done). A placement whose credit hidden deliveries used up while the client's is
+    /// not (a `batch: 1` request answered by a redelivery the client had acked) gets no
+    /// more from the server, not even an end: it is placed again at once with the
+    /// client's credit and remaining expiry, so the client does not wait out its expiry
+    /// for nothing. Credit never doubles: the server holds none for it then.
+    pub(super) fn delivered(&mut self, len: u64, hidden: bool, now: Instant) -> bool {
+        self.served = true;
+        if hidden {
+            self.hidden.msgs += 1;
+            self.hidden.bytes += len;
+        } else {
+            self.batch_left = self.batch_left.saturating_sub(1);
+            if let Some(b) = self.bytes_left.as_mut() {
+                *b = b.saturating_sub(len);
+            }
+        }
+        if self.batch_left == 0 || self.bytes_left == Some(0) {
+            return true;
+        }
+        let placement_done = self.batch_left <= self.hidden.msgs
+            || self.bytes_left.is_some_and(|b| b <= self.hidden.bytes);
+        if placement_done && self.placed() {
+            self.phase = PullPhase::Unplaced {
+                at: now,
+                next: Placement::Full,
+            };
+        }
+        false
     }
 
     pub(super) fn placed(&self) -> bool {
@@ -204,6 +247,7 @@ pub(super) fn place(r: &mut Request, how: Placement, now: Instant) -> (Bytes, Op
         request::encode_placement(&r.api_subject, &r.reply, r.headers.as_deref(), &r.body, ask);
     r.as_sent = false;
     r.served = false;
+    r.hidden = Hidden::default();
     let mut lost_for = None;
     r.phase = match how {
         Placement::Full => {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::phase::{place, Due, Placement, PullPhase, Request, PROBE_INTERVAL};
+use super::phase::{place, Due, Hidden, Placement, PullPhase, Request, PROBE_INTERVAL};
 use super::request::{self, Ask, Sequences};
 use crate::proto::status::{PullStatus, Rejection};
 use crate::proto::Message;
@@ -240,6 +240,7 @@ impl PullTracker {
             no_hb: false,
             as_sent: rewritten.is_none(),
             served: false,
+            hidden: Hidden::default(),
             phase: PullPhase::Live { placed: now },
             lost_at: None,
             body,
@@ -279,11 +280,31 @@ impl PullTracker {
         total_len: usize,
         now: Instant,
     ) {
+        self.delivery(sid, reply, total_len, false, now);
+    }
+
+    /// A delivery on `sid` the proxy kept from the client (a redelivery of a message it
+    /// had acked): it used the credit of the oldest placed request's placement, not the
+    /// client's; a placement it used up is placed again (see [`Request::delivered`]).
+    pub fn on_hidden_delivery(&mut self, sid: &[u8], total_len: usize, now: Instant) {
+        self.delivery(sid, None, total_len, true, now);
+    }
+
+    fn delivery(
+        &mut self,
+        sid: &[u8],
+        reply: Option<&[u8]>,
+        total_len: usize,
+        hidden: bool,
+        now: Instant,
+    ) {
         let Some(inbox) = self.inboxes.get_mut(sid) else {
             return;
         };
         inbox.upstream_seen = now;
-        inbox.client_seen = now;
+        if !hidden {
+            inbox.client_seen = now;
+        }
         // Only a client that asked for heartbeats gets the proxy's, which carry these.
         if inbox.client_hb().is_some() {
             if let Some(s) = reply.and_then(Sequences::of_ack) {
@@ -292,13 +313,7 @@ impl PullTracker {
         }
         inbox.consumer_answered(now, &mut self.replaced);
         if let Some(i) = inbox.requests.iter().position(Request::placed) {
-            let r = &mut inbox.requests[i];
-            r.served = true;
-            r.batch_left = r.batch_left.saturating_sub(1);
-            if let Some(b) = r.bytes_left.as_mut() {
-                *b = b.saturating_sub(total_len as u64);
-            }
-            if r.batch_left == 0 || r.bytes_left == Some(0) {
+            if inbox.requests[i].delivered(total_len as u64, hidden, now) {
                 inbox.requests.remove(i);
             }
         }

@@ -222,3 +222,54 @@ fn a_short_pull_lost_without_a_status_is_placed_again_before_it_expires() {
     let placed = placed.expect("placed again before the client's 990 ms ran out");
     assert!(placed <= Duration::from_millis(600), "{placed:?}");
 }
+
+/// Seen in the rolling-restart test (nats-py, 2.15.1): two acks lost with a node came
+/// back as redeliveries 10 s later, and the proxy hid them; a request whose whole credit
+/// such a redelivery took gets nothing more from the server, not even an end, and the
+/// client waited out its expiry with messages pending. The proxy places the request again
+/// with the client's credit, and only once the server holds none of it.
+#[test]
+fn a_request_whose_credit_a_hidden_redelivery_took_is_placed_again() {
+    let mut h = H::connected();
+    h.client(b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB _INBOX.p 1\r\n");
+    let first = b"MSG logs.v 1 $JS.ACK.LOGS.PY.1.58.5.1795971532879267765.0 3\r\nm58\r\n";
+    h.client(b"PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.PY _INBOX.p 1\r\n1\r\n");
+    assert_eq!(to_client(&h.upstream(1, first)), first.to_vec());
+    h.client(b"PUB $JS.ACK.LOGS.PY.1.58.5.1795971532879267765.0 0\r\n\r\n");
+
+    // batch 1, 990 ms: the redelivery takes the placement's only credit.
+    let body = br#"{"batch":1,"expires":990000000}"#;
+    let req = format!(
+        "PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.PY _INBOX.p {}\r\n{}\r\n",
+        body.len(),
+        std::str::from_utf8(body).unwrap()
+    );
+    h.client(req.as_bytes());
+    h.now += Duration::from_millis(2);
+    let again = b"MSG logs.v 1 $JS.ACK.LOGS.PY.2.58.6.1795971562879267765.0 3\r\nm58\r\n";
+    let a = h.upstream(1, again);
+    assert!(to_client(&a).is_empty(), "hidden from the client");
+    h.s.handle_timeout(h.now);
+    let up = String::from_utf8(to_upstream(&h.actions())).unwrap();
+    assert!(
+        up.contains("PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.PY _INBOX.p")
+            && up.contains(r#""batch":1,"expires":988000000"#),
+        "placed again with the client's credit and remaining expiry: {up:?}"
+    );
+    assert_eq!(h.s.stats().pulls_reissued, 1);
+    // The new placement's delivery reaches the client and ends the request.
+    let next = b"MSG logs.v 1 $JS.ACK.LOGS.PY.1.59.7.1795971562879267766.0 3\r\nm59\r\n";
+    assert_eq!(to_client(&h.upstream(1, next)), next.to_vec());
+    assert_eq!(h.s.pulls.len(), 0);
+
+    // batch 64: the placement keeps 63 at the server, nothing is placed again.
+    h.client(b"PUB $JS.ACK.LOGS.PY.1.59.7.1795971562879267766.0 0\r\n\r\n");
+    h.client(b"PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.PY _INBOX.p 2\r\n64\r\n");
+    let again = b"MSG logs.v 1 $JS.ACK.LOGS.PY.2.59.8.1795971562879267766.0 3\r\nm59\r\n";
+    assert!(to_client(&h.upstream(1, again)).is_empty());
+    h.now += Duration::from_millis(2);
+    h.s.handle_timeout(h.now);
+    let up = String::from_utf8(to_upstream(&h.actions())).unwrap();
+    assert!(!up.contains("CONSUMER.MSG.NEXT"), "{up:?}");
+    assert_eq!(h.s.stats().pulls_reissued, 1);
+}
