@@ -118,7 +118,7 @@ impl Session {
                 let rewritten =
                     self.pulls
                         .on_request(m.subject(), reply, sid, headers, m.payload(), self.now);
-                debug!(subject = %String::from_utf8_lossy(m.subject()), rewritten = rewritten.is_some(), tracked = self.pulls.len(), "pull request");
+                debug!(subject = %String::from_utf8_lossy(m.subject()), body = %String::from_utf8_lossy(&m.payload()[..m.payload().len().min(120)]), rewritten = rewritten.is_some(), tracked = self.pulls.len(), "pull request");
                 // Tracked requests are not kept as unconfirmed publishes: the tracker
                 // re-issues them itself when they are lost.
                 self.send_publish(Pending::Untracked(rewritten.unwrap_or(m.raw)));
@@ -266,6 +266,9 @@ impl Session {
         if !self.pulls.is_empty() {
             let shield = self.pulls.on_message(&m, self.now);
             self.report_replaced_pulls();
+            if let Some(code) = m.status().filter(|&c| c != 100) {
+                debug!(code, ?shield, sid = %String::from_utf8_lossy(m.sid()), "pull status");
+            }
             match shield {
                 Shield::Forward => {}
                 Shield::Hide => {
