@@ -271,6 +271,13 @@ impl Session {
             }
             match shield {
                 Shield::Forward => {}
+                Shield::Amended(b) if self.opts.headers => {
+                    self.subs.delivered(m.sid());
+                    self.stats.msgs_to_client += 1;
+                    self.send_client(b);
+                    return;
+                }
+                Shield::Amended(_) => {}
                 Shield::Hide => {
                     self.stats.count_shielded(m.status().unwrap_or(0));
                     info!(status = %String::from_utf8_lossy(m.headers().split(|&c| c == b'\r').next().unwrap_or_default()),

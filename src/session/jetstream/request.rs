@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use crate::proto::encode;
+use crate::proto::{encode, Message};
 
 /// Largest idle heartbeat the proxy asks of the server for a request: a request lost
 /// without a status (its consumer leader moved before it replicated, or an R1 consumer's
@@ -190,6 +190,42 @@ pub fn request_timeout(reply: &[u8], sid: &[u8], batch_left: u64, bytes_left: u6
         "NATS/1.0 408 Request Timeout\r\nNats-Pending-Messages: {batch_left}\r\nNats-Pending-Bytes: {bytes_left}\r\n\r\n"
     );
     encode::msg(reply, sid, None, Some(h.as_bytes()), b"")
+}
+
+/// `m`, an end status carrying the server's `Nats-Pending-Messages` (and
+/// `Nats-Pending-Bytes`), with `msgs` and `bytes` added to them: the credit left as the
+/// client counts it, where the deliveries the proxy kept from it were never made.
+/// Clients that keep their own count of outstanding credit (async-nats, nats.js
+/// `consume()`) subtract these values from it; without the amendment each hidden
+/// delivery would stay counted as still to come. `None`: no such header, nothing to add.
+pub fn with_hidden_credit(m: &Message, msgs: u64, bytes: u64) -> Option<Bytes> {
+    const MSGS: &[u8] = b"Nats-Pending-Messages:";
+    const BYTES: &[u8] = b"Nats-Pending-Bytes:";
+    let headers = m.headers();
+    let mut out = Vec::with_capacity(headers.len() + 8);
+    let mut amended = false;
+    for line in headers.split_inclusive(|&c| c == b'\n') {
+        let add = if line.starts_with(MSGS) {
+            Some((MSGS, msgs))
+        } else if line.starts_with(BYTES) {
+            Some((BYTES, bytes))
+        } else {
+            None
+        };
+        let value = add.and_then(|(name, n)| {
+            let v = std::str::from_utf8(&line[name.len()..]).ok()?.trim();
+            Some((name, v.parse::<u64>().ok()?.saturating_add(n)))
+        });
+        match value {
+            Some((name, v)) => {
+                out.extend_from_slice(name);
+                out.extend_from_slice(format!(" {v}\r\n").as_bytes());
+                amended = true;
+            }
+            None => out.extend_from_slice(line),
+        }
+    }
+    amended.then(|| encode::msg(m.subject(), m.sid(), m.reply(), Some(&out), m.payload()))
 }
 
 /// The server's answer to a `no_wait` request with nothing to deliver.

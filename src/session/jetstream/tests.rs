@@ -780,3 +780,25 @@ fn a_probe_that_serves_a_no_wait_request_ends_it() {
     assert_eq!(full.len(), 1);
     assert_eq!(body_of(&full[0])["batch"], 64);
 }
+
+#[test]
+fn the_credit_left_of_an_end_status_counts_hidden_deliveries() {
+    use super::request::with_hidden_credit;
+    let status = |h: &str| encode::msg(b"_INBOX.a", b"1", None, Some(h.as_bytes()), b"");
+    let m = msg(&status(
+        "NATS/1.0 408 Request Timeout\r\nNats-Pending-Messages:5\r\nNats-Pending-Bytes: 0\r\n\r\n",
+    ));
+    assert_eq!(
+        with_hidden_credit(&m, 2, 0),
+        Some(status(
+            "NATS/1.0 408 Request Timeout\r\nNats-Pending-Messages: 7\r\nNats-Pending-Bytes: 0\r\n\r\n"
+        ))
+    );
+    // No credit headers (404), or a value that is not a number: nothing to amend.
+    let m = msg(&status("NATS/1.0 404 No Messages\r\n\r\n"));
+    assert_eq!(with_hidden_credit(&m, 2, 0), None);
+    let m = msg(&status(
+        "NATS/1.0 408 Request Timeout\r\nNats-Pending-Messages: x\r\n\r\n",
+    ));
+    assert_eq!(with_hidden_credit(&m, 2, 0), None);
+}

@@ -114,10 +114,13 @@ impl Inbox {
 }
 
 /// What to do with a message on a tracked inbox: the tracker decides, the session counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
 pub enum Shield {
     Forward,
+    /// An end status for a request some of whose deliveries the proxy hid: this frame,
+    /// whose credit left counts them as never made, goes to the client instead.
+    Amended(Bytes),
     /// A status the client's library would turn into an error (the consumer moved or
     /// is away): kept from the client, and counted as shielded.
     Hide,
@@ -345,7 +348,7 @@ impl PullTracker {
             PullStatus::Ended => {
                 inbox.consumer_answered(now, &mut self.replaced);
                 match inbox.ended_by(reply, m.status(), now) {
-                    Some(i) => ended(inbox, i, now),
+                    Some(i) => ended(inbox, i, m, now),
                     None => Shield::Forward,
                 }
             }
@@ -376,7 +379,7 @@ impl PullTracker {
             }
             PullStatus::Other => Shield::Forward,
         };
-        if shield == Shield::Forward {
+        if matches!(shield, Shield::Forward | Shield::Amended(_)) {
             inbox.client_seen = now;
         }
         self.drop_if_empty(sid);
@@ -520,8 +523,9 @@ impl PullTracker {
 /// deadline is the proxy's business (place the rest in full), unless it served a one-shot
 /// `no_wait` request (a delivery came: the server ends such a request at its first
 /// messages, and so would the client's own placement have ended); anything else is the
-/// request's true end and reaches the client.
-fn ended(inbox: &mut Inbox, i: usize, now: Instant) -> Shield {
+/// request's true end and reaches the client, amended when the proxy hid some of the
+/// placement's deliveries ([`request::with_hidden_credit`]).
+fn ended(inbox: &mut Inbox, i: usize, m: &Message, now: Instant) -> Shield {
     let r = &mut inbox.requests[i];
     let client_time_left = r.remaining(now).is_none_or(|d| !d.is_zero());
     let one_shot_served = r.body.no_wait && r.served;
@@ -532,8 +536,18 @@ fn ended(inbox: &mut Inbox, i: usize, now: Instant) -> Shield {
         };
         return Shield::Swallow;
     }
-    inbox.requests.remove(i);
-    Shield::Forward
+    let Some(r) = inbox.requests.remove(i) else {
+        return Shield::Forward;
+    };
+    let bytes = if r.bytes_left.is_some() {
+        r.hidden.bytes
+    } else {
+        0
+    };
+    (r.hidden.msgs > 0)
+        .then(|| request::with_hidden_credit(m, r.hidden.msgs, bytes))
+        .flatten()
+        .map_or(Shield::Forward, Shield::Amended)
 }
 
 /// A leader status (changed, shut down) or an unavailable consumer for placed request

@@ -273,3 +273,43 @@ fn a_request_whose_credit_a_hidden_redelivery_took_is_placed_again() {
     assert!(!up.contains("CONSUMER.MSG.NEXT"), "{up:?}");
     assert_eq!(h.s.stats().pulls_reissued, 1);
 }
+
+/// async-nats and nats.js `consume()` count the credit they have out and subtract the
+/// server's `Nats-Pending-Messages` when a request ends: the end of a request one of
+/// whose deliveries the proxy hid names the credit left as the client counts it.
+#[test]
+fn an_end_status_counts_a_hidden_redelivery_as_never_made() {
+    let mut h = H::connected();
+    h.client(b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB _INBOX.p 1\r\n");
+    h.client(b"PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.AN _INBOX.p 1\r\n1\r\n");
+    let first = b"MSG logs.v 1 $JS.ACK.LOGS.AN.1.58.5.1795971532879267765.0 3\r\nm58\r\n";
+    assert_eq!(to_client(&h.upstream(1, first)), first.to_vec());
+    h.client(b"PUB $JS.ACK.LOGS.AN.1.58.5.1795971532879267765.0 0\r\n\r\n");
+
+    let body = br#"{"batch":64,"max_bytes":100000,"expires":30000000000}"#;
+    let req = format!(
+        "PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.AN _INBOX.p {}\r\n{}\r\n",
+        body.len(),
+        std::str::from_utf8(body).unwrap()
+    );
+    h.client(req.as_bytes());
+    let again = b"MSG logs.v 1 $JS.ACK.LOGS.AN.2.58.6.1795971562879267765.0 3\r\nm58\r\n";
+    assert!(to_client(&h.upstream(1, again)).is_empty());
+    let next = b"MSG logs.v 1 $JS.ACK.LOGS.AN.1.59.7.1795971562879267766.0 3\r\nm59\r\n";
+    assert_eq!(to_client(&h.upstream(1, next)), next.to_vec());
+    // The server's view: 62 messages and 100000 - 2 * 3 bytes left.
+    let end = |msgs: u64, bytes: u64| {
+        let hd = format!(
+            "NATS/1.0 408 Request Timeout\r\nNats-Pending-Messages: {msgs}\r\nNats-Pending-Bytes: {bytes}\r\n\r\n"
+        );
+        format!("HMSG _INBOX.p 1 {0} {0}\r\n{hd}\r\n", hd.len()).into_bytes()
+    };
+    h.now += Duration::from_secs(30);
+    let a = h.upstream(1, &end(62, 99994));
+    assert_eq!(
+        String::from_utf8(to_client(&a)).unwrap(),
+        String::from_utf8(end(63, 99997)).unwrap(),
+        "the client got one message of 3 bytes"
+    );
+    assert_eq!(h.s.pulls.len(), 0);
+}
