@@ -415,8 +415,9 @@ async fn spawn_reference(url: String, expect: u64, secs: u64) -> tokio::task::Jo
 /// The longest a pull consumer may have messages to deliver and no request of its
 /// client's at the server, in a rolling restart (issue 16: 0.5 s), for every client.
 /// Measured 2026-12-06 in 7 runs (4 on 2.15.1, 3 on 2.9.10): at most 0.22 s. Before
-/// 45d658a one run in 14 showed 0.51 s for nats-py: a redelivery the proxy hid had taken
-/// the credit of its request, which the server then held no more.
+/// 45d658a one run in 14 showed 0.51 s for nats-py, right after two redeliveries the
+/// proxy hid; 45d658a closed the one way found for a hidden redelivery to leave a
+/// request unserved (it took the request's last credit).
 const STARVED_BOUND: Duration = Duration::from_millis(500);
 
 /// How often [`spawn_consumer_watch`] asks for each consumer's state.
@@ -872,9 +873,10 @@ async fn every_client_through_a_rolling_lame_duck_restart_r3() {
     // (seen: three consumers' last message 1.56 s late, all three in the same
     // millisecond, their consumers answering `404 No Messages` meanwhile; the direct
     // reference's 5.3 s; nats-py's 2.3 s on 2.15.1 while its consumer's leader held its
-    // requests, heartbeats flowing, and delivered nothing). So the gaps are printed, and what is asserted is the time
-    // each consumer had a leader and messages to deliver but no request of its client's
-    // at the server: a request lost with its leader and not yet placed again.
+    // requests, heartbeats flowing, and delivered nothing). So the gaps are printed, and
+    // what is asserted is the time each consumer had a leader and messages to deliver
+    // but no request of its client's at the server: a request lost with its leader and
+    // not yet placed again.
     let gaps: Vec<String> = finished
         .outcomes
         .iter()

@@ -146,7 +146,9 @@ impl Request {
     /// not (a `batch: 1` request answered by a redelivery the client had acked) gets no
     /// more from the server, not even an end: it is placed again at once with the
     /// client's credit and remaining expiry, so the client does not wait out its expiry
-    /// for nothing. Credit never doubles: the server holds none for it then.
+    /// for nothing (a `no_wait` one without expiry is answered `404`, as the server
+    /// answers it with nothing pending). Credit never doubles: the server holds none for
+    /// it then.
     pub(super) fn delivered(&mut self, len: u64, hidden: bool, now: Instant) -> bool {
         self.served = true;
         if hidden {

@@ -223,11 +223,12 @@ fn a_short_pull_lost_without_a_status_is_placed_again_before_it_expires() {
     assert!(placed <= Duration::from_millis(600), "{placed:?}");
 }
 
-/// Seen in the rolling-restart test (nats-py, 2.15.1): two acks lost with a node came
-/// back as redeliveries 10 s later, and the proxy hid them; a request whose whole credit
-/// such a redelivery took gets nothing more from the server, not even an end, and the
-/// client waited out its expiry with messages pending. The proxy places the request again
-/// with the client's credit, and only once the server holds none of it.
+/// Acks lost with a node come back as redeliveries after `ack_wait`, and the proxy hides
+/// them (seen in the rolling-restart test, right before nats-py's one 1.0 s gap). A
+/// request whose whole credit such a redelivery took gets nothing more from the server,
+/// not even an end, and the client would wait out its expiry with messages pending. The
+/// proxy places the request again with the client's credit, and only once the server
+/// holds none of it.
 #[test]
 fn a_request_whose_credit_a_hidden_redelivery_took_is_placed_again() {
     let mut h = H::connected();
