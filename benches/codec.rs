@@ -10,7 +10,10 @@ use bytes::BytesMut;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 use natsproxy::proto::{encode, ClientDecoder, Limits, ServerDecoder};
-use natsproxy::session::{Action, Epoch, Session, SessionConfig};
+
+#[path = "../tests/common/connected.rs"]
+mod connected;
+use connected::connected_session;
 
 const SIZES: [usize; 4] = [16, 128, 1024, 64 * 1024];
 const READ: usize = 64 * 1024;
@@ -93,29 +96,6 @@ fn decode(c: &mut Criterion) {
     g.finish();
 }
 
-/// A session with one subscription on sid 1, past its handshake.
-fn connected_session() -> (Session, Epoch) {
-    let now = Instant::now();
-    let mut s = Session::new(SessionConfig::default(), now);
-    let epoch = std::iter::from_fn(|| s.poll_action())
-        .find_map(|a| match a {
-            Action::Dial { epoch, .. } => Some(epoch),
-            _ => None,
-        })
-        .expect("a new session dials first");
-    while s.poll_action().is_some() {}
-    s.handle_upstream_connected(epoch, now);
-    let mut b = BytesMut::from(&b"INFO {\"server_id\":\"S\",\"max_payload\":1048576} \r\n"[..]);
-    s.handle_upstream_bytes(epoch, &mut b, now);
-    let mut b =
-        BytesMut::from(&b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB logs.> 1\r\n"[..]);
-    s.handle_client_bytes(&mut b, now);
-    let mut b = BytesMut::from(&b"PONG\r\nPONG\r\n"[..]);
-    s.handle_upstream_bytes(epoch, &mut b, now);
-    while s.poll_action().is_some() {}
-    (s, epoch)
-}
-
 fn session(c: &mut Criterion) {
     let mut g = c.benchmark_group("session");
     for size in SIZES {
@@ -125,7 +105,7 @@ fn session(c: &mut Criterion) {
             BenchmarkId::new("MSG upstream→client", size),
             &stream,
             |b, stream| {
-                let (mut s, epoch) = connected_session();
+                let (mut s, epoch) = connected_session("logs.>");
                 let now = Instant::now();
                 // As the driver does: the client's bytes go into its write buffer.
                 let mut wbuf = BytesMut::with_capacity(1 << 20);
@@ -148,7 +128,7 @@ fn session(c: &mut Criterion) {
             BenchmarkId::new("PUB client→upstream", size),
             &stream,
             |b, stream| {
-                let (mut s, epoch) = connected_session();
+                let (mut s, epoch) = connected_session("logs.>");
                 let now = Instant::now();
                 b.iter(|| {
                     feed(stream, |buf| {

@@ -11,7 +11,10 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 use natsproxy::proto::encode;
-use natsproxy::session::{Action, Session, SessionConfig};
+
+#[path = "../tests/common/connected.rs"]
+mod connected;
+use connected::connected_session;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -20,24 +23,8 @@ fn main() {
     let frame = encode::msg(b"bench.sub.1234567", b"1", None, None, &vec![b'x'; size]);
     let stream = frame.repeat(count);
 
+    let (mut s, epoch) = connected_session("bench.>");
     let now = Instant::now();
-    let mut s = Session::new(SessionConfig::default(), now);
-    let epoch = std::iter::from_fn(|| s.poll_action())
-        .find_map(|a| match a {
-            Action::Dial { epoch, .. } => Some(epoch),
-            _ => None,
-        })
-        .expect("a new session dials first");
-    while s.poll_action().is_some() {}
-    s.handle_upstream_connected(epoch, now);
-    let mut b = BytesMut::from(&b"INFO {\"server_id\":\"S\",\"max_payload\":1048576} \r\n"[..]);
-    s.handle_upstream_bytes(epoch, &mut b, now);
-    let mut b =
-        BytesMut::from(&b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB bench.> 1\r\n"[..]);
-    s.handle_client_bytes(&mut b, now);
-    let mut b = BytesMut::from(&b"PONG\r\nPONG\r\n"[..]);
-    s.handle_upstream_bytes(epoch, &mut b, now);
-    while s.poll_action().is_some() {}
 
     const READ: usize = 64 * 1024;
     let mut rbuf = BytesMut::with_capacity(READ);

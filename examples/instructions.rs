@@ -15,7 +15,10 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 use natsproxy::proto::{encode, ClientDecoder, Limits, ServerDecoder};
-use natsproxy::session::{Action, Epoch, Session, SessionConfig};
+
+#[path = "../tests/common/connected.rs"]
+mod connected;
+use connected::connected_session;
 
 const FRAMES: usize = 20_000;
 const PASSES: usize = 5;
@@ -47,29 +50,6 @@ fn feed(stream: &[u8], mut f: impl FnMut(&mut BytesMut)) {
         buf.extend_from_slice(chunk);
         f(&mut buf);
     }
-}
-
-/// A session with one subscription on sid 1, past its handshake.
-fn connected_session() -> (Session, Epoch) {
-    let now = Instant::now();
-    let mut s = Session::new(SessionConfig::default(), now);
-    let epoch = std::iter::from_fn(|| s.poll_action())
-        .find_map(|a| match a {
-            Action::Dial { epoch, .. } => Some(epoch),
-            _ => None,
-        })
-        .expect("a new session dials first");
-    while s.poll_action().is_some() {}
-    s.handle_upstream_connected(epoch, now);
-    let mut b = BytesMut::from(&b"INFO {\"server_id\":\"S\",\"max_payload\":1048576} \r\n"[..]);
-    s.handle_upstream_bytes(epoch, &mut b, now);
-    let mut b =
-        BytesMut::from(&b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB logs.> 1\r\n"[..]);
-    s.handle_client_bytes(&mut b, now);
-    let mut b = BytesMut::from(&b"PONG\r\nPONG\r\n"[..]);
-    s.handle_upstream_bytes(epoch, &mut b, now);
-    while s.poll_action().is_some() {}
-    (s, epoch)
 }
 
 fn main() {
@@ -138,7 +118,7 @@ fn run(path: &str, stream: &[u8], frame_len: usize) -> usize {
             }
         }
         "session-msg" => {
-            let (mut s, epoch) = connected_session();
+            let (mut s, epoch) = connected_session("logs.>");
             let now = Instant::now();
             let mut wbuf = BytesMut::with_capacity(1 << 20);
             for _ in 0..PASSES {
@@ -153,7 +133,7 @@ fn run(path: &str, stream: &[u8], frame_len: usize) -> usize {
             count /= frame_len;
         }
         _ => {
-            let (mut s, epoch) = connected_session();
+            let (mut s, epoch) = connected_session("logs.>");
             let now = Instant::now();
             for _ in 0..PASSES {
                 feed(stream, |buf| {

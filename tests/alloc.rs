@@ -8,7 +8,11 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 use natsproxy::proto::encode;
-use natsproxy::session::{Action, Epoch, Session, SessionConfig};
+use natsproxy::session::Action;
+
+#[path = "common/connected.rs"]
+mod connected;
+use connected::connected_session;
 
 struct Counting;
 
@@ -31,28 +35,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static A: Counting = Counting;
-
-fn connected() -> (Session, Epoch) {
-    let now = Instant::now();
-    let mut s = Session::new(SessionConfig::default(), now);
-    let epoch = std::iter::from_fn(|| s.poll_action())
-        .find_map(|a| match a {
-            Action::Dial { epoch, .. } => Some(epoch),
-            _ => None,
-        })
-        .expect("a new session dials first");
-    while s.poll_action().is_some() {}
-    s.handle_upstream_connected(epoch, now);
-    let mut b = BytesMut::from(&b"INFO {\"server_id\":\"S\"} \r\n"[..]);
-    s.handle_upstream_bytes(epoch, &mut b, now);
-    let mut b =
-        BytesMut::from(&b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB logs.> 1\r\n"[..]);
-    s.handle_client_bytes(&mut b, now);
-    let mut b = BytesMut::from(&b"PONG\r\nPONG\r\n"[..]);
-    s.handle_upstream_bytes(epoch, &mut b, now);
-    while s.poll_action().is_some() {}
-    (s, epoch)
-}
 
 /// Allocations per message over `rounds` passes of `stream` through `step`, after one
 /// warm-up pass (buffers reach their steady size).
@@ -87,7 +69,7 @@ fn relaying_messages_allocates_nothing_per_message() {
         &[b'x'; 128],
     );
     let stream = msg.repeat(N);
-    let (mut s, epoch) = connected();
+    let (mut s, epoch) = connected_session("logs.>");
     let now = Instant::now();
     let mut out = 0usize;
     // As the driver does: take the client's bytes into its write buffer, "write" them.
