@@ -234,7 +234,8 @@ pub struct Opts {
     /// to the client) and keeps it if the node is then found dead (--ping-interval × 2
     /// without an answer), drops it when the node answers. While this is on, an idle link
     /// is PINGed every 500 ms at least, so a frozen node costs at most ~1.1 s of core
-    /// messages. 0 turns it off. [default: 600ms]
+    /// messages. After a migration the new node's PINGs count from the migration's end.
+    /// 0 turns it off. [default: 600ms]
     #[arg(long, env = "NATSPROXY_HEDGE_AFTER", global = true)]
     pub hedge_after: Option<Text>,
 

@@ -158,6 +158,17 @@ impl Proxy {
         (v, failovers)
     }
 
+    /// Standbys brought up because an upstream was slow to answer a PING.
+    fn hedges(&self) -> u64 {
+        match self {
+            Proxy::InProcess(p) => p.as_ref().map_or(0, |p| p.stats.hedges.get()),
+            Proxy::Process { log, .. } => std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .matches("slow to answer a PING")
+                .count() as u64,
+        }
+    }
+
     /// Peak RSS in KiB: the proxy's own, or (in process) the whole test's.
     fn peak_rss_kib(&self) -> (String, &'static str) {
         let path = match self {
@@ -446,6 +457,7 @@ async fn hundreds_of_clients_migrating_at_once_get_every_message_once() {
         }
     }
     let (switches, failovers) = proxy.switches();
+    let hedges = proxy.hedges();
     let arrived = arrivals(&cluster).await;
     let span = match (arrived.first(), arrived.last()) {
         (Some(a), Some(b)) => *b - *a,
@@ -456,7 +468,7 @@ async fn hundreds_of_clients_migrating_at_once_get_every_message_once() {
         "storm: {clients} clients x {SUBJECTS} subs, {N} published, {} received in {:.1} s; \
          dups {dups}, missing {missing}, out of order {disorder}; {} migrations, switch p50 {:?} \
          p99 {:?} max {:?}; {} new connections at n2/n3 over {span:?}, at most {} within \
-         100 ms; failovers {failovers}; peak RSS of the {whose} {rss_kib} KiB",
+         100 ms; failovers {failovers}, hedges {hedges}; peak RSS of the {whose} {rss_kib} KiB",
         received.load(Ordering::Relaxed),
         start.elapsed().as_secs_f64(),
         switches.len(),
@@ -478,6 +490,13 @@ async fn hundreds_of_clients_migrating_at_once_get_every_message_once() {
         "every client's new link at n2 or n3"
     );
     assert_eq!(failovers, 0);
+    // Nodes slow under the arrivals are no reason for standbys (every hedge came at a
+    // migration's end before its suspicion counted from Steady: 51 to 234 of 300 under
+    // CPU contention; none since, in 8 runs).
+    assert!(
+        hedges < clients as u64 / 10,
+        "{hedges} hedges: a standby storm"
+    );
     drop(conns);
     proxy.stop().await;
 }

@@ -107,7 +107,7 @@ impl Session {
             self.local_err(encode::err("Invalid Publish Subject"));
         }
         if !self.opts.echo {
-            if let Some(d) = self.overlap.dedup_mut() {
+            if let Some(d) = self.overlap.live_mut() {
                 let fp = dedup::fingerprint(m.subject(), m.reply(), m.headers(), m.payload());
                 d.own_publish(self.subs.matching(m.subject()), fp);
             }
@@ -189,7 +189,7 @@ impl Session {
         self.client_state = ClientState::Closed;
         self.flush_err_log();
         // What the overlap counted is the session's, also when it ends with the client.
-        self.end_overlap();
+        self.overlap.end_all();
         for l in self.links.take_all().into_iter().flatten() {
             self.actions.push_back(Action::CloseUpstream(l.epoch));
         }

@@ -22,7 +22,7 @@
 //!     └───────────────────────────────── promote (backlog flushed) ─► Steady
 //!
 //!  Steady ─ lame duck (INFO ldm:true on primary A; A's deliveries are remembered from
-//!  here on: Overlap::Live) ─► Migrating(Preparing): dial B after a random part of
+//!  here on: the overlap is live) ─► Migrating(Preparing): dial B after a random part of
 //!  `migration_spread`; B established (replay written, B attached to the overlap: both
 //!  deliver, B's copies held back)
 //!    ─ B's replay PONG (its SUBs are registered) ─► Switching: barrier PING on A, client
@@ -34,11 +34,12 @@
 //!      pull inbox); the others are kept on A (Drain), each leaving at its proof; that
 //!      PONG ends A's side of those sids (B's held copies go out)
 //!    ─ the PONG after the last UNSUBs, A closed by its server, or B's own lame duck
-//!      (everything leaves A at once) ─► finish_migration: Steady; Overlap::Lingering
-//!      matches B's late copies for one settle delay (then Overlap::None)
+//!      (everything leaves A at once) ─► finish_migration: Steady; the overlap lingers,
+//!      matching B's late copies for a settle delay or until B caught up (at most
+//!      LINGER_MAX), also through a hedge or a migration that starts meanwhile
 //!
-//!  Steady ─ the primary's PING unanswered for hedge_after (idle links are PINGed every
-//!  HEDGE_KEEPALIVE) ─► Hedging: a standby on another node, attached to the overlap
+//!  Steady ─ the primary's PING unanswered for hedge_after, counted from the start of
+//!  Steady at the earliest (idle links are PINGed every HEDGE_KEEPALIVE) ─► Hedging: a standby on another node, attached to the overlap
 //!  (the primary's deliveries remembered, the standby's held back)
 //!    ─ the primary's PONG ─► Steady: the standby closed, what it delivered dropped
 //!    ─ the primary lost or stale ─► Outage, and at once Steady on the standby if it is up
@@ -71,6 +72,7 @@ mod dial_window;
 mod jetstream;
 mod link;
 mod links;
+mod overlap;
 mod phase;
 mod pool;
 mod replies;
@@ -94,13 +96,13 @@ use std::time::{Duration, Instant};
 use tracing::warn;
 
 use self::backlog::Backlog;
-use self::dedup::Dedup;
 use self::dial_window::DialWindow;
 use self::jetstream::acks::AckMemory;
 use self::jetstream::PullTracker;
 use self::link::{Link, LinkState};
 use self::links::{Links, Role};
-use self::phase::{Overlap, Phase};
+use self::overlap::Overlap;
+use self::phase::Phase;
 use self::pool::NodePool;
 use self::replies::ReplyQueue;
 use self::subs::SubTable;
@@ -209,7 +211,7 @@ impl Session {
             pool,
             links: Links::default(),
             phase: Phase::Starting { failures: 0 },
-            overlap: Overlap::None,
+            overlap: Overlap::default(),
             dial_at: None,
             attempts: 0,
             refusals: 0,
@@ -332,10 +334,7 @@ impl Session {
 
     /// Bytes waiting in the backlog and held back during an overlap.
     pub fn buffered(&self) -> (usize, usize) {
-        (
-            self.backlog.bytes(),
-            self.overlap.dedup().map_or(0, Dedup::held_bytes),
-        )
+        (self.backlog.bytes(), self.overlap.held_bytes())
     }
 
     fn stale_after(&self) -> Duration {
@@ -394,7 +393,7 @@ impl Session {
             // Fast path: a plain MSG that goes to the client as it is. Everything it
             // changes (counts, auto-unsubscribe, pull credit) is done here and now, in
             // order; only its bytes wait for the end of the run.
-            let plain = self.client_state != ClientState::Closed && !self.overlap.covers(epoch);
+            let plain = self.client_state != ClientState::Closed && !self.overlap.filters(epoch);
             let peeked = match self.link(role) {
                 Some(l) if plain => l.decoder.peek_msg(&buf[run..]),
                 _ => None,

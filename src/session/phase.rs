@@ -9,9 +9,10 @@ use tracing::{debug, info, warn};
 use super::action::{Action, CloseReason, Epoch};
 use super::backlog::Pending;
 use super::config::MIGRATION_DIAL_RATE;
-use super::dedup::Dedup;
+use super::dedup::{Dedup, Tally};
 use super::link::{Link, PingOwner};
 use super::links::Role;
+use super::overlap::Bounds;
 use super::stats::{MoveReason, SessionEvent};
 use super::{ClientState, Session};
 use crate::proto::{encode, Message};
@@ -30,8 +31,12 @@ pub(super) enum Phase {
     /// No link has carried the client's traffic yet. `failures`: dials that failed before
     /// the client got an INFO (each node is tried once, then the client is closed).
     Starting { failures: usize },
-    /// A primary carries the client's traffic; nothing is moving.
-    Steady,
+    /// A primary carries the client's traffic; nothing is moving. `since`: when this
+    /// began; the primary's PINGs count as unanswered from then on at the earliest (a
+    /// migration's new node, busy with the arrivals, is not suspect for what it was slow
+    /// to answer meanwhile: in the storm test under load, every hedge came at a
+    /// migration's end, for a PONG already on its way).
+    Steady { since: Instant },
     /// The primary's PING is unanswered for `hedge_after`: it still carries the client's
     /// traffic, and a standby on another node is being brought up with every
     /// subscription (both deliver; the overlap gives the client each message once). The
@@ -75,55 +80,6 @@ pub(super) struct Drain {
     pub(super) last_sent: bool,
 }
 
-/// The copies of one migration's overlap, reconciled by the de-dup memory.
-pub(super) enum Overlap {
-    /// No migration's copies to reconcile.
-    None,
-    /// A's deliveries remembered from its lame duck on, B's held back once attached.
-    Live(Dedup<Message>),
-    /// A delivers nothing more; B's late copies are still matched until the instant.
-    Lingering(Dedup<Message>, Linger),
-}
-
-/// How long B's late copies are still matched once A delivers nothing more: a settle
-/// delay, longer while B has not caught up with A's last deliveries (B's route may be
-/// slower than A's: `tests/migration.rs` delays it 600 ms), at most [`LINGER_MAX`].
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Linger {
-    since: Instant,
-    until: Instant,
-}
-
-/// Longest B's late copies are matched after A ended.
-pub const LINGER_MAX: Duration = Duration::from_secs(5);
-
-impl Overlap {
-    pub(super) fn dedup(&self) -> Option<&Dedup<Message>> {
-        match self {
-            Overlap::None => None,
-            Overlap::Live(d) | Overlap::Lingering(d, _) => Some(d),
-        }
-    }
-
-    pub(super) fn dedup_mut(&mut self) -> Option<&mut Dedup<Message>> {
-        match self {
-            Overlap::None => None,
-            Overlap::Live(d) | Overlap::Lingering(d, _) => Some(d),
-        }
-    }
-
-    pub(super) fn covers(&self, epoch: Epoch) -> bool {
-        self.dedup().is_some_and(|d| d.covers(epoch))
-    }
-
-    pub(super) fn linger_until(&self) -> Option<Instant> {
-        match self {
-            Overlap::Lingering(_, l) => Some(l.until),
-            _ => None,
-        }
-    }
-}
-
 impl Session {
     /// True while a migration or failover is in progress.
     pub fn migrating(&self) -> bool {
@@ -152,7 +108,7 @@ impl Session {
             self.end_hedge();
         }
         match role {
-            Role::Primary if matches!(self.phase, Phase::Steady) => {
+            Role::Primary if matches!(self.phase, Phase::Steady { .. }) => {
                 // Steady ─► Migrating(Preparing).
                 let m = Move {
                     reason: MoveReason::LameDuck,
@@ -160,15 +116,9 @@ impl Session {
                     from: addr,
                 };
                 self.phase = Phase::Migrating(m, Step::Preparing);
-                if matches!(self.overlap, Overlap::None) {
-                    // The overlap's memory starts now (see `dedup`: the new node may
-                    // already receive these subjects for other connections).
-                    self.overlap = Overlap::Live(Dedup::recording(
-                        link_epoch,
-                        self.cfg.max_dedup_entries,
-                        self.cfg.max_hold_bytes,
-                    ));
-                }
+                // The overlap's memory starts now (see `dedup`: the new node may
+                // already receive these subjects for other connections).
+                self.overlap.record(link_epoch, self.overlap_bounds());
                 // The old link still works: spread the dials of the sessions moving
                 // together (`migration_spread`, see MIGRATION_DIAL_RATE); alone, at once.
                 let movers = self.peers_moving + 1;
@@ -197,13 +147,16 @@ impl Session {
     }
 
     /// When the primary becomes suspect (Steady, hedging on): its oldest PING unanswered
-    /// for `hedge_after`.
+    /// for `hedge_after`, counted from the start of Steady at the earliest.
     pub(super) fn suspect_at(&self) -> Option<Instant> {
-        if self.cfg.hedge_after.is_zero() || !matches!(self.phase, Phase::Steady) {
+        let Phase::Steady { since } = self.phase else {
+            return None;
+        };
+        if self.cfg.hedge_after.is_zero() {
             return None;
         }
         let p = self.links.primary().filter(|p| p.established())?;
-        p.oldest_ping().map(|t| t + self.cfg.hedge_after)
+        p.oldest_ping().map(|t| t.max(since) + self.cfg.hedge_after)
     }
 
     /// Steady ─ the primary's PING unanswered for `hedge_after` ─► Hedging: a standby on
@@ -218,13 +171,7 @@ impl Session {
             "upstream slow to answer a PING; bringing up a standby on another node");
         self.phase = Phase::Hedging { since: self.now };
         self.stats.hedges += 1;
-        if matches!(self.overlap, Overlap::None) {
-            self.overlap = Overlap::Live(Dedup::recording(
-                epoch,
-                self.cfg.max_dedup_entries,
-                self.cfg.max_hold_bytes,
-            ));
-        }
+        self.overlap.record(epoch, self.overlap_bounds());
         self.start_dial();
     }
 
@@ -238,8 +185,8 @@ impl Session {
             self.actions.push_back(Action::CloseUpstream(s.epoch));
         }
         self.dial_at = None;
-        self.end_overlap();
-        self.phase = Phase::Steady;
+        self.overlap.end_live();
+        self.phase = Phase::Steady { since: self.now };
         let waited = self.now.saturating_duration_since(since) + self.cfg.hedge_after;
         info!(
             waited_ms = waited.as_millis() as u64,
@@ -263,7 +210,7 @@ impl Session {
     fn may_leave_old_link(&self, sid: &[u8]) -> bool {
         let provable =
             self.subs.get(sid).is_some_and(|s| s.queue.is_none()) && !self.pulls.tracks(sid);
-        !provable || self.overlap.dedup().is_some_and(|d| d.proven(sid))
+        !provable || self.overlap.live().is_some_and(|d| d.proven(sid))
     }
 
     /// Migrating(Preparing) ─ B's replay PONG (its subscriptions are registered) ─►
@@ -276,7 +223,7 @@ impl Session {
         *step = Step::Switching {
             drain_at: now + self.cfg.settle,
         };
-        if let Some(d) = self.overlap.dedup_mut() {
+        if let Some(d) = self.overlap.live_mut() {
             d.start_recording();
         }
         let Some(p) = self.links.primary_mut() else {
@@ -388,7 +335,7 @@ impl Session {
         let Some(sids) = batch else {
             return self.retired();
         };
-        if let Some(d) = self.overlap.dedup_mut() {
+        if let Some(d) = self.overlap.live_mut() {
             let t = d.old_finished_on(&sids);
             self.stats.count_overlap(t);
         }
@@ -407,7 +354,9 @@ impl Session {
     /// migration.
     pub(super) fn finish_migration(&mut self, how: &'static str) {
         self.old_link_done();
-        if let Phase::Migrating(m, _) = std::mem::replace(&mut self.phase, Phase::Steady) {
+        if let Phase::Migrating(m, _) =
+            std::mem::replace(&mut self.phase, Phase::Steady { since: self.now })
+        {
             let took = self.now.saturating_duration_since(m.started);
             info!(reason = %m.reason, from = %m.from, total_ms = took.as_millis() as u64, "{how}");
         }
@@ -456,13 +405,13 @@ impl Session {
             self.backlog
                 .requeue_front(again.into_iter().map(|(_, item)| item));
         }
-        if self.overlap.covers(dead.epoch) {
+        if self.overlap.live().is_some_and(|d| d.covers(dead.epoch)) {
             self.old_link_done();
         }
         if let Some(r) = self.links.take(Role::Retiring) {
             self.actions.push_back(Action::CloseUpstream(r.epoch));
         }
-        let from = match std::mem::replace(&mut self.phase, Phase::Steady) {
+        let from = match std::mem::replace(&mut self.phase, Phase::Steady { since: self.now }) {
             // A move already under way keeps its reason and start.
             // The switch was done: the new primary's loss is a failover of its own.
             Phase::Migrating(_, Step::Draining { .. }) => Move {
@@ -482,7 +431,7 @@ impl Session {
                 started: since,
                 from: dead.addr.clone(),
             },
-            Phase::Starting { .. } | Phase::Steady => Move {
+            Phase::Starting { .. } | Phase::Steady { .. } => Move {
                 reason,
                 started: now,
                 from: dead.addr.clone(),
@@ -526,7 +475,7 @@ impl Session {
         let Some(p) = self.links.primary() else {
             return;
         };
-        match std::mem::replace(&mut self.phase, Phase::Steady) {
+        match std::mem::replace(&mut self.phase, Phase::Steady { since: self.now }) {
             Phase::Outage { from: m, since } => {
                 let took = self.now.saturating_duration_since(m.started);
                 let outage = self.now.saturating_duration_since(since);
@@ -548,72 +497,60 @@ impl Session {
         }
     }
 
-    /// The old side of an overlap can deliver nothing more: release what the new side
-    /// held back.
+    /// The old side of the live overlap can deliver nothing more: release what the new
+    /// side held back; the overlap lingers (see `overlap`).
     pub(super) fn old_link_done(&mut self) {
-        let linger = Linger {
-            since: self.now,
-            until: self.now + self.cfg.settle,
-        };
-        self.overlap = match std::mem::replace(&mut self.overlap, Overlap::None) {
-            Overlap::Live(mut d) | Overlap::Lingering(mut d, _) => {
-                let t = d.old_finished();
-                self.stats.count_overlap(t);
-                Overlap::Lingering(d, linger)
-            }
-            Overlap::None => Overlap::None,
-        };
-        self.forward_ready();
+        let mut out = Vec::new();
+        let t = self
+            .overlap
+            .old_finished(self.now, self.cfg.settle, &mut out);
+        self.stats.count_overlap(t);
+        for m in out {
+            self.deliver(m);
+        }
     }
 
+    /// What the live overlap let through, to the client (through the lingering ones).
     pub(super) fn forward_ready(&mut self) {
-        while let Some(m) = self.overlap.dedup_mut().and_then(Dedup::pop_ready) {
+        while let Some(m) = self.overlap.live_mut().and_then(Dedup::pop_ready) {
+            self.forward(m);
+        }
+    }
+
+    /// A message for the client that no live overlap holds: a lingering overlap's late
+    /// copy is dropped, anything else delivered.
+    pub(super) fn forward(&mut self, m: Message) {
+        let mut t = Tally::default();
+        let m = self.overlap.pass_lingering(m, &mut t);
+        self.stats.count_overlap(t);
+        if let Some(m) = m {
             self.deliver(m);
         }
     }
 
     /// B's SUBs are written: both links deliver. A's deliveries are remembered since its
-    /// lame duck; a previous overlap still lingering ends here.
+    /// lame duck (or the suspicion).
     pub(super) fn attach_overlap(&mut self, old: Epoch, new: Epoch) {
-        match &mut self.overlap {
-            Overlap::Live(d) if d.awaits_new_link(old) => d.attach(new),
-            _ => {
-                self.end_overlap();
-                self.overlap = Overlap::Live(Dedup::new(
-                    old,
-                    new,
-                    self.cfg.max_dedup_entries,
-                    self.cfg.max_hold_bytes,
-                ));
-            }
-        }
+        let b = self.overlap_bounds();
+        self.overlap.attach(old, new, b);
     }
 
     /// The standby is gone before the switch: the overlap's memory of the primary's
     /// deliveries is kept for the next standby, what the standby delivered is dropped.
     pub(super) fn standby_gone(&mut self) {
         let primary = self.links.primary().map(|p| p.epoch);
-        match (&mut self.overlap, primary) {
-            (Overlap::Live(d), Some(p)) if d.is_overlap_from(p) => d.detach(),
-            _ => self.end_overlap(),
+        self.overlap.standby_gone(primary);
+    }
+
+    pub(super) fn overlap_bounds(&self) -> Bounds {
+        Bounds {
+            max_entries: self.cfg.max_dedup_entries,
+            max_hold_bytes: self.cfg.max_hold_bytes,
         }
     }
 
-    /// The overlap ends (what it decided was counted as it decided).
-    pub(super) fn end_overlap(&mut self) {
-        self.overlap = Overlap::None;
-    }
-
-    /// The linger time is up: the overlap ends, unless B still owes copies of A's last
-    /// deliveries (then a settle delay more, up to [`LINGER_MAX`] in all).
+    /// A lingering overlap's time is up (see `Overlap::linger_due`).
     pub(super) fn linger_due(&mut self) {
-        let (now, settle) = (self.now, self.cfg.settle);
-        if let Overlap::Lingering(d, l) = &mut self.overlap {
-            if !d.new_link_caught_up() && now < l.since + LINGER_MAX {
-                l.until = (now + settle).min(l.since + LINGER_MAX);
-                return;
-            }
-        }
-        self.end_overlap();
+        self.overlap.linger_due(self.now, self.cfg.settle);
     }
 }

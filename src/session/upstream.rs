@@ -328,7 +328,7 @@ impl Session {
 
     /// A message from an upstream link.
     pub(super) fn on_upstream_msg(&mut self, epoch: Epoch, m: Message) {
-        if let Some(d) = self.overlap.dedup_mut().filter(|d| d.covers(epoch)) {
+        if let Some(d) = self.overlap.live_mut().filter(|d| d.covers(epoch)) {
             let fp = dedup::fingerprint(m.subject(), m.reply(), m.headers(), m.payload());
             let sid = m.raw.slice(m.sid.range());
             let t = d.on_message(epoch, &sid, fp, m.raw.len(), m);
@@ -337,7 +337,7 @@ impl Session {
             // The copy may have been the proof A's UNSUBs were waiting for.
             return self.maybe_drain();
         }
-        self.deliver(m);
+        self.forward(m);
     }
 
     pub(super) fn link_lost(&mut self, epoch: Epoch, reason: MoveReason) {

@@ -125,6 +125,14 @@ pub struct Tally {
     pub echoes: u64,
 }
 
+impl std::ops::AddAssign for Tally {
+    fn add_assign(&mut self, t: Tally) {
+        self.suppressed += t.suppressed;
+        self.overflowed += t.overflowed;
+        self.echoes += t.echoes;
+    }
+}
+
 impl<T> Dedup<T> {
     /// Starts an overlap between `old` and `new`.
     pub fn new(old: Epoch, new: Epoch, max_entries: usize, max_hold_bytes: usize) -> Dedup<T> {
@@ -269,10 +277,26 @@ impl<T> Dedup<T> {
         std::mem::take(&mut self.tally)
     }
 
-    fn admit(&mut self, epoch: Epoch, sid: &[u8], fp: u64, size: usize, msg: T) {
-        if take(&mut self.own, sid, fp) {
+    /// Once the old link is finished: whether a message the client is about to get (from
+    /// the new link, or from any link after it) is a copy of one the old link delivered,
+    /// or the client's own publish (echo:false). Such a message is dropped and counted.
+    pub fn late_copy(&mut self, sid: &[u8], fp: u64) -> (bool, Tally) {
+        debug_assert!(self.old_done, "only once the old link is finished");
+        let dup = self.take_own(sid, fp) || self.take_seen_old(sid, fp);
+        (dup, std::mem::take(&mut self.tally))
+    }
+
+    fn take_own(&mut self, sid: &[u8], fp: u64) -> bool {
+        let hit = take(&mut self.own, sid, fp);
+        if hit {
             self.entries -= 1;
             self.tally.echoes += 1;
+        }
+        hit
+    }
+
+    fn admit(&mut self, epoch: Epoch, sid: &[u8], fp: u64, size: usize, msg: T) {
+        if self.take_own(sid, fp) {
             return;
         }
         if epoch == self.old {

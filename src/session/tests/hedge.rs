@@ -131,3 +131,100 @@ fn no_hedge_when_it_is_off_or_the_primary_answers_in_time() {
     assert!(dial_of(&h.actions()).is_none());
     assert_eq!(h.s.stats().hedges, 0);
 }
+
+/// Migrated from A to B and A retired, B behind: A delivered m1 and m2, B only m1 so
+/// far (its copy of m2 is still on its way). The overlap lingers.
+fn migrated_with_b_behind() -> H {
+    let mut h = switched_to_b(b"SUB foo 1\r\n");
+    h.upstream(1, b"MSG foo 1 2\r\nm1\r\nMSG foo 1 2\r\nm2\r\n");
+    // B's copy of m1 proves its interest: A's UNSUBs go once the settle delay is up.
+    h.upstream(2, b"MSG foo 1 2\r\nm1\r\n");
+    while !unsub_sent(&h.actions()) {
+        h.now = h.s.poll_timeout().unwrap();
+        h.s.handle_timeout(h.now);
+    }
+    let a = h.upstream(1, b"PONG\r\n");
+    assert!(a.contains(&Action::CloseUpstream(Epoch(1))), "{a:?}");
+    assert_eq!(to_client(&a), b"");
+    h
+}
+
+#[test]
+fn a_hedge_right_after_a_migration_keeps_matching_the_new_links_late_copies() {
+    let mut h = migrated_with_b_behind();
+    // B is slow to answer its PING: a hedge, then B answers and the standby goes.
+    let dial = loop {
+        h.now = h.s.poll_timeout().unwrap();
+        h.s.handle_timeout(h.now);
+        if let Some(d) = dial_of(&h.actions()) {
+            break d;
+        }
+    };
+    assert_eq!(h.s.stats().hedges, 1);
+    let a = h.upstream(2, b"PONG\r\n");
+    assert!(a.contains(&Action::CloseUpstream(dial.0)), "{a:?}");
+    // B's late copy of m2: the client had it from A.
+    assert_eq!(to_client(&h.upstream(2, b"MSG foo 1 2\r\nm2\r\n")), b"");
+    assert_eq!(
+        to_client(&h.upstream(2, b"MSG foo 1 2\r\nm3\r\n")),
+        b"MSG foo 1 2\r\nm3\r\n"
+    );
+    assert_eq!(h.s.stats().duplicates_suppressed, 2);
+}
+
+#[test]
+fn a_standby_promoted_right_after_a_migration_gives_nothing_of_the_old_link_twice() {
+    let mut h = migrated_with_b_behind();
+    let (e3, c) = loop {
+        h.now = h.s.poll_timeout().unwrap();
+        h.s.handle_timeout(h.now);
+        if let Some(d) = dial_of(&h.actions()) {
+            break d;
+        }
+    };
+    assert_ne!(c, "x:1", "another node than B");
+    h.s.handle_upstream_connected(e3, h.now);
+    h.upstream(e3.0, INFO_B);
+    h.upstream(e3.0, b"PONG\r\nPONG\r\n");
+    // C's window starts at m2, which only A delivered; B delivers nothing more.
+    assert_eq!(
+        to_client(&h.upstream(e3.0, b"MSG foo 1 2\r\nm2\r\nMSG foo 1 2\r\nm3\r\n")),
+        b""
+    );
+    // B found dead: C is promoted; its m2 is A's, m3 is new.
+    let mut out = Vec::new();
+    while h.s.stats().failovers == 0 {
+        h.now = h.s.poll_timeout().expect("a timer");
+        h.s.handle_timeout(h.now);
+        out.extend(to_client(&h.actions()));
+    }
+    assert_eq!(h.s.upstream_addr(), Some(c.as_str()));
+    assert_eq!(String::from_utf8(out).unwrap(), "MSG foo 1 2\r\nm3\r\n");
+}
+
+#[test]
+fn a_new_primary_is_not_suspect_for_a_ping_it_owed_during_the_migration() {
+    let mut h = switched_to_b(b"SUB foo 1\r\n");
+    h.upstream(1, b"MSG foo 1 2\r\nm1\r\n");
+    // B's keepalive PING goes unanswered past hedge_after while A waits for B's proof.
+    let until = h.now + HEDGE_KEEPALIVE + DEFAULT_HEDGE_AFTER + Duration::from_millis(100);
+    while h.now < until {
+        h.now = h.s.poll_timeout().unwrap();
+        h.s.handle_timeout(h.now);
+        assert!(dial_of(&h.actions()).is_none(), "no hedge while migrating");
+    }
+    assert!(unsub_sent(&h.upstream(2, b"MSG foo 1 2\r\nm1\r\n")));
+    // A answers its keepalive PING, then the one after the UNSUBs: retired.
+    let a = h.upstream(1, b"PONG\r\nPONG\r\n");
+    assert!(a.contains(&Action::CloseUpstream(Epoch(1))), "{a:?}");
+    // Steady on B from now: its PING counts as unanswered from here.
+    let steady = h.now;
+    let hedged_at = loop {
+        h.now = h.s.poll_timeout().unwrap();
+        h.s.handle_timeout(h.now);
+        if dial_of(&h.actions()).is_some() {
+            break h.now;
+        }
+    };
+    assert_eq!(hedged_at, steady + DEFAULT_HEDGE_AFTER);
+}

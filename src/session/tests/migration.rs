@@ -544,3 +544,37 @@ fn a_node_lost_before_the_switch_is_a_failed_migration_after_it_a_failover_of_it
         (1, 0)
     );
 }
+
+#[test]
+fn a_second_lame_duck_while_the_first_overlap_lingers_keeps_matching_its_late_copies() {
+    let mut h = switched_to_b(b"SUB foo 1\r\n");
+    h.upstream(1, b"MSG foo 1 2\r\nm1\r\nMSG foo 1 2\r\nm2\r\n");
+    h.upstream(2, b"MSG foo 1 2\r\nm1\r\n");
+    while !unsub_sent(&h.actions()) {
+        h.now = h.s.poll_timeout().unwrap();
+        h.s.handle_timeout(h.now);
+    }
+    let a = h.upstream(1, b"PONG\r\n");
+    assert!(a.contains(&Action::CloseUpstream(Epoch(1))), "{a:?}");
+    // B, behind with m2, announces lame duck mode at once: a move to C begins.
+    let a = h.upstream(
+        2,
+        b"INFO {\"server_id\":\"B\",\"connect_urls\":[\"y:1\"],\"ldm\":true} \r\n",
+    );
+    let (e3, addr) = dial_of(&a).expect("dial");
+    assert_eq!(addr, "y:1");
+    h.s.handle_upstream_connected(e3, h.now);
+    h.upstream(
+        e3.0,
+        b"INFO {\"server_id\":\"C\",\"server_name\":\"n3\"} \r\n",
+    );
+    h.upstream(e3.0, b"PONG\r\nPONG\r\n");
+    // B's late copy of m2 and C's: the client had it from A.
+    assert_eq!(to_client(&h.upstream(2, b"MSG foo 1 2\r\nm2\r\n")), b"");
+    assert_eq!(to_client(&h.upstream(e3.0, b"MSG foo 1 2\r\nm2\r\n")), b"");
+    assert_eq!(
+        to_client(&h.upstream(2, b"MSG foo 1 2\r\nm3\r\n")),
+        b"MSG foo 1 2\r\nm3\r\n"
+    );
+    assert_eq!(h.s.stats().duplicates_suppressed, 2);
+}
