@@ -266,8 +266,10 @@ impl Session {
         if !self.pulls.is_empty() {
             let shield = self.pulls.on_message(&m, self.now);
             self.report_replaced_pulls();
-            if let Some(code) = m.status().filter(|&c| c != 100) {
-                debug!(code, ?shield, sid = %String::from_utf8_lossy(m.sid()), "pull status");
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                if let Some(code) = m.status().filter(|&c| c != 100) {
+                    debug!(code, ?shield, sid = %String::from_utf8_lossy(m.sid()), "pull status");
+                }
             }
             match shield {
                 Shield::Forward => {}
