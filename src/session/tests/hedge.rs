@@ -132,23 +132,6 @@ fn no_hedge_when_it_is_off_or_the_primary_answers_in_time() {
     assert_eq!(h.s.stats().hedges, 0);
 }
 
-/// Migrated from A to B and A retired, B behind: A delivered m1 and m2, B only m1 so
-/// far (its copy of m2 is still on its way). The overlap lingers.
-fn migrated_with_b_behind() -> H {
-    let mut h = switched_to_b(b"SUB foo 1\r\n");
-    h.upstream(1, b"MSG foo 1 2\r\nm1\r\nMSG foo 1 2\r\nm2\r\n");
-    // B's copy of m1 proves its interest: A's UNSUBs go once the settle delay is up.
-    h.upstream(2, b"MSG foo 1 2\r\nm1\r\n");
-    while !unsub_sent(&h.actions()) {
-        h.now = h.s.poll_timeout().unwrap();
-        h.s.handle_timeout(h.now);
-    }
-    let a = h.upstream(1, b"PONG\r\n");
-    assert!(a.contains(&Action::CloseUpstream(Epoch(1))), "{a:?}");
-    assert_eq!(to_client(&a), b"");
-    h
-}
-
 #[test]
 fn a_hedge_right_after_a_migration_keeps_matching_the_new_links_late_copies() {
     let mut h = migrated_with_b_behind();

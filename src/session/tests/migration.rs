@@ -547,15 +547,7 @@ fn a_node_lost_before_the_switch_is_a_failed_migration_after_it_a_failover_of_it
 
 #[test]
 fn a_second_lame_duck_while_the_first_overlap_lingers_keeps_matching_its_late_copies() {
-    let mut h = switched_to_b(b"SUB foo 1\r\n");
-    h.upstream(1, b"MSG foo 1 2\r\nm1\r\nMSG foo 1 2\r\nm2\r\n");
-    h.upstream(2, b"MSG foo 1 2\r\nm1\r\n");
-    while !unsub_sent(&h.actions()) {
-        h.now = h.s.poll_timeout().unwrap();
-        h.s.handle_timeout(h.now);
-    }
-    let a = h.upstream(1, b"PONG\r\n");
-    assert!(a.contains(&Action::CloseUpstream(Epoch(1))), "{a:?}");
+    let mut h = migrated_with_b_behind();
     // B, behind with m2, announces lame duck mode at once: a move to C begins.
     let a = h.upstream(
         2,
