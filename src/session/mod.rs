@@ -39,8 +39,9 @@
 //!      LINGER_MAX), also through a hedge or a migration that starts meanwhile
 //!
 //!  Steady ─ the primary's PING unanswered for hedge_after, counted from the start of
-//!  Steady at the earliest (idle links are PINGed every HEDGE_KEEPALIVE) ─► Hedging: a standby on another node, attached to the overlap
-//!  (the primary's deliveries remembered, the standby's held back)
+//!  Steady at the earliest (idle links are PINGed every HEDGE_KEEPALIVE) ─► Hedging: a
+//!  standby on another node, attached to the overlap (the primary's deliveries
+//!  remembered, the standby's held back)
 //!    ─ the primary's PONG ─► Steady: the standby closed, what it delivered dropped
 //!    ─ the primary lost or stale ─► Outage, and at once Steady on the standby if it is up
 //!      (the overlap releases what it held, minus what the primary delivered)
