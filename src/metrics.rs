@@ -352,7 +352,7 @@ impl Stats {
         );
         r.register(
             "duplicates_suppressed",
-            "Messages delivered by both links during a migration and forwarded once",
+            "Messages delivered twice upstream (by both links during a migration, or sent again by a new consumer leader) and forwarded once",
             self.duplicates_suppressed.clone(),
         );
         r.register(

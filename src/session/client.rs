@@ -8,7 +8,7 @@ use tracing::{debug, info, warn};
 use super::action::{Action, CloseReason};
 use super::backlog::Pending;
 use super::dedup;
-use super::jetstream::acks::AckRef;
+use super::jetstream::acks::{AckRef, Seen};
 use super::jetstream::{self, Shield};
 use super::link::{Link, LinkState};
 use super::links::Role;
@@ -100,7 +100,7 @@ impl Session {
 
     pub(super) fn on_pub(&mut self, m: Message) {
         self.stats.msgs_to_upstream += 1;
-        self.acks
+        self.seen
             .on_client_publish(m.subject(), m.payload(), self.now);
         if self.opts.pedantic && !subject::is_valid_literal_subject(m.subject()) {
             // nats-server complains but still processes the message.
@@ -240,28 +240,11 @@ impl Session {
             // The server sends no-responders statuses only to clients that asked for them.
             return;
         }
-        if let Some(reply) = m
+        let seen = m
             .reply()
-            .filter(|r| self.acks.is_acked_redelivery(r, self.now))
-        {
-            // The client acked this message already (the ack was lost upstream): ack it
-            // again and keep the client from processing it twice.
-            let ack = encode::publish(reply, None, None, b"");
-            debug!(reply = %String::from_utf8_lossy(reply), "acked again a redelivery the client had acked");
-            if !self.pulls.is_empty() {
-                self.pulls
-                    .on_hidden_delivery(m.sid(), m.total_len(), self.now);
-            }
-            if !self.pulls.tracks(m.sid()) {
-                // A push consumer's: its heartbeats must not name this delivery.
-                if let Some(a) = AckRef::parse(reply).filter(|a| a.delivered > 1) {
-                    self.subs.hid_redelivery(m.sid(), a.consumer_seq);
-                }
-            }
-            self.subs.delivered(m.sid());
-            self.stats.redeliveries_acked += 1;
-            self.send_publish(Pending::Data(ack));
-            return;
+            .map_or(Seen::New, |r| self.seen.on_delivery(m.sid(), r, self.now));
+        if seen != Seen::New {
+            return self.keep_back(&m, seen);
         }
         if !self.pulls.is_empty() {
             let shield = self.pulls.on_message(&m, self.now);
@@ -301,6 +284,34 @@ impl Session {
         } else {
             self.send_client(m.raw);
         }
+    }
+
+    /// Keeps from the client a delivery it already has (`seen`, from
+    /// [`Deliveries::on_delivery`](super::jetstream::acks::Deliveries::on_delivery)): one
+    /// it acked is acked again (its ack was lost upstream, or the new consumer leader does
+    /// not know it); the credit it used is the placement's, not the client's.
+    fn keep_back(&mut self, m: &Message, seen: Seen) {
+        let reply = m.reply().unwrap_or_default();
+        if seen == (Seen::Resent { acked: false }) {
+            debug!(reply = %String::from_utf8_lossy(reply), sid = %String::from_utf8_lossy(m.sid()), "kept back a delivery sent again");
+            self.stats.duplicates_suppressed += 1;
+        } else {
+            debug!(reply = %String::from_utf8_lossy(reply), "acked again a delivery the client had acked");
+            self.stats.redeliveries_acked += 1;
+            self.send_publish(Pending::Data(encode::publish(reply, None, None, b"")));
+        }
+        if !self.pulls.is_empty() {
+            self.pulls
+                .on_hidden_delivery(m.sid(), m.total_len(), self.now);
+        }
+        if seen == Seen::Redelivered && !self.pulls.tracks(m.sid()) {
+            // A push consumer's: its heartbeats must not name a redelivery the client
+            // never got (a delivery sent again is one it got).
+            if let Some(a) = AckRef::parse(reply) {
+                self.subs.hid_redelivery(m.sid(), a.consumer_seq);
+            }
+        }
+        self.subs.delivered(m.sid());
     }
 
     /// `m` amended when it is an idle heartbeat that names a delivery the proxy hid.

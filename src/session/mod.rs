@@ -98,7 +98,7 @@ use tracing::warn;
 
 use self::backlog::Backlog;
 use self::dial_window::DialWindow;
-use self::jetstream::acks::AckMemory;
+use self::jetstream::acks::{Deliveries, Seen};
 use self::jetstream::PullTracker;
 use self::link::{Link, LinkState};
 use self::links::{Links, Role};
@@ -192,7 +192,8 @@ pub struct Session {
     rng: fastrand::Rng,
     stats: SessionStats,
     pulls: PullTracker,
-    acks: AckMemory,
+    /// What the client got and acked of each JetStream consumer.
+    seen: Deliveries,
     /// Events for metrics; bounded (oldest dropped past [`MAX_EVENTS`]).
     events: VecDeque<SessionEvent>,
 }
@@ -227,7 +228,7 @@ impl Session {
             rng,
             stats: SessionStats::default(),
             pulls: PullTracker::default(),
-            acks: AckMemory::default(),
+            seen: Deliveries::default(),
             events: VecDeque::new(),
         };
         s.start_dial();
@@ -400,11 +401,14 @@ impl Session {
                 _ => None,
             }
             .filter(|v| {
-                // A delivery of something the client acked goes the full path.
-                self.acks.is_empty()
-                    || !v
-                        .reply
-                        .is_some_and(|r| self.acks.is_acked_redelivery(&buf[run..][r.range()], now))
+                // A delivery the client already has goes the full path (which keeps it
+                // back); a new one is remembered here, as it goes to the client.
+                let frame = &buf[run..];
+                v.reply.is_none_or(|r| {
+                    self.seen
+                        .on_delivery(&frame[v.sid.range()], &frame[r.range()], now)
+                        == Seen::New
+                })
             });
             if let Some(v) = peeked {
                 let sid = &buf[run..][v.sid.range()];

@@ -1,47 +1,61 @@
-//! What the client acked, so that the server's redelivery of a message the client
-//! already processed is acked again by the proxy instead of reaching the client.
+//! What the client got and acked, per JetStream consumer, so that a delivery the client
+//! already has never reaches it twice: a redelivery of a message it acked is acked again
+//! by the proxy instead, and the same delivery sent again is kept from it.
 //!
-//! Two server behaviours deliver a message the client already acked:
+//! Two server behaviours deliver to the client what it already has:
 //! - **Redelivery**: an ack lost with a dying node (or in a leader change) makes the
 //!   server redeliver after `ack_wait`, with `<delivered>` > 1.
 //! - **Re-send by a new leader**: nats-server 2.9's new consumer leader does not always
-//!   know what the old one delivered and sends it again as the same first delivery: the
-//!   same `<delivered>` 1, stream sequence, consumer sequence and timestamp, within
-//!   seconds (seen in 3 of 4 rolling restarts, one message per consumer).
+//!   know what the old one delivered and sends it again as the same delivery: the same
+//!   `<delivered>`, stream sequence, consumer sequence and timestamp, within seconds (seen
+//!   in 3 of 4 rolling restarts, one message per consumer). It can come before the client
+//!   acked the first copy: a `Fetch` loop acks a batch only once it is complete (seen in
+//!   CI: nats-py's `fetch(64, timeout=1)` got message 17 again 200 ms after the first
+//!   copy, with `<pending>` 38 instead of 0, before its ack). An R1 consumer whose node
+//!   restarts can start again from its first delivery (seen: 2.9.10 replayed nats-py's
+//!   ordered consumer, 1,329 deliveries the client had got 0.5 to 9 s before).
 //!
-//! The proxy sees both sides. Every ack is a client publish to the delivery's reply
-//! subject
+//! The proxy sees both sides. Every delivery's reply, and every ack (a client publish to
+//! that reply subject), names its place:
 //!
 //! ```text
 //! $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>
 //! $JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>.<stream seq>.…[.<token>]
 //! ```
 //!
-//! with an empty payload or `+ACK` (async-nats, nats.go, cnats, nats.js, nats-py). Only
-//! explicit positive acks the client really sent are remembered (`-NAK`, `+WPI`, `+TERM`,
-//! `+NXT` are not), per consumer, the [`ACKED_PER_CONSUMER`] highest stream sequences, for at most
-//! [`MAX_CONSUMERS`] consumers (past either bound the oldest is forgotten: its
-//! redelivery then reaches the client as it would without the proxy). A delivery is
-//! taken for one the client acked when
-//! - `<delivered>` > 1 and the client acked that stream sequence, or
-//! - `<delivered>` = 1, and the client acked that very delivery (stream sequence,
-//!   consumer sequence and timestamp) less than [`RESEND_WINDOW`] ago.
+//! An ack has an empty payload or `+ACK` (async-nats, nats.go, cnats, nats.js, nats-py).
+//! Per consumer, for the [`REMEMBERED_PER_CONSUMER`] highest stream sequences, the memory
+//! keeps the last delivery that reached the client and whether the client acked that
+//! stream sequence (explicit positive acks only: `-NAK`, `+WPI`, `+TERM`, `+NXT` are
+//! not), for at most [`MAX_CONSUMERS`] consumers (past either bound the oldest is
+//! forgotten: what it covered then reaches the client as it would without the proxy).
+//! A delivery is, by [`Seen`]:
+//! - [`Seen::Resent`]: the delivery the client got on that subscription (same
+//!   `<delivered>`, stream sequence, consumer sequence and timestamp) less than
+//!   [`RESEND_WINDOW`] after it got or acked it: kept from the client; acked again by the
+//!   proxy if the client acked it (the new leader may not know that ack either), else
+//!   left to the client's ack of its copy. (A client with two subscriptions matching a
+//!   deliver subject gets a copy on each, from the server as from the proxy);
+//! - [`Seen::Redelivered`]: `<delivered>` > 1 for a stream sequence the client acked:
+//!   acked again by the proxy and kept from the client;
+//! - [`Seen::New`]: anything else, remembered as the client's.
 //!
 //! A consumer the client creates or deletes (`CONSUMER.CREATE`, `CONSUMER.DURABLE.CREATE`,
 //! `CONSUMER.DELETE`) starts with no memory: its replay is new to the client. A consumer
 //! recreated by someone else under the same name within [`RESEND_WINDOW`] of the
-//! client's acks, replaying from the same start, is what this cannot tell apart.
+//! client's deliveries, replaying from the same start, is what this cannot tell apart.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-/// Acks remembered per consumer.
-pub const ACKED_PER_CONSUMER: usize = 4096;
+/// Stream sequences remembered per consumer.
+pub const REMEMBERED_PER_CONSUMER: usize = 4096;
 /// Consumers remembered per session.
 pub const MAX_CONSUMERS: usize = 64;
-/// How long after the client's ack a first delivery sent again counts as a re-send.
+/// How long after the client got or acked a delivery the same delivery counts as sent
+/// again.
 pub const RESEND_WINDOW: Duration = Duration::from_secs(10);
 
 const PREFIX: &[u8] = b"$JS.ACK.";
@@ -137,69 +151,107 @@ fn managed_consumer(subject: &[u8]) -> Option<Vec<u8>> {
     Some(key)
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Acked {
-    stream_seq: u64,
-    consumer_seq: u64,
-    timestamp: u64,
-    at: Instant,
+/// What a delivery is to the client (the module doc has the rules).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// Not a JetStream delivery, or one the client has not had: it goes to the client.
+    New,
+    /// The delivery the client got, sent again; `acked`: the client acked it (the proxy
+    /// acks it again). Kept from the client.
+    Resent { acked: bool },
+    /// A redelivery (`<delivered>` > 1) of a message the client acked: acked again by
+    /// the proxy and kept from the client.
+    Redelivered,
 }
 
-/// One consumer's acks, sorted by stream sequence (acks come nearly in order, so an
-/// insert is a push at the back and a lookup a binary search; no hashing on the path
-/// every delivery and every ack takes).
+/// The client's side of one stream sequence.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    stream_seq: u64,
+    /// The last delivery of it that reached the client (or the one the client acked).
+    consumer_seq: u64,
+    delivered: u64,
+    timestamp: u64,
+    /// When the client got it or acked it, whichever came last.
+    at: Instant,
+    /// The subscription it reached ([`sid_tag`]; [`ANY_SID`] for an entry made by an
+    /// ack).
+    sid: u32,
+    acked: bool,
+}
+
+/// An entry's subscription when only the client's ack made it.
+const ANY_SID: u32 = 0;
+
+/// A subscription's tag in an [`Entry`]: FNV-1a of its sid, never [`ANY_SID`]. Two
+/// subscriptions with the same tag (one pair in 2^31) are taken for one.
+fn sid_tag(sid: &[u8]) -> u32 {
+    let h = sid.iter().fold(0x811c_9dc5u32, |h, &b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    h | 1
+}
+
+/// One consumer's stream sequences, sorted (deliveries and acks come nearly in order,
+/// so an insert is a push at the back and a lookup a binary search; no hashing on the
+/// path every delivery and every ack takes).
 #[derive(Debug)]
 struct Consumer {
     key: Bytes,
-    acked: VecDeque<Acked>,
+    entries: VecDeque<Entry>,
 }
 
 impl Consumer {
-    fn insert(&mut self, a: Acked) {
-        match self.acked.back() {
-            Some(last) if last.stream_seq >= a.stream_seq => {
-                match self
-                    .acked
-                    .binary_search_by_key(&a.stream_seq, |e| e.stream_seq)
-                {
-                    Ok(i) => self.acked[i] = a,
-                    Err(i) => self.acked.insert(i, a),
-                }
-            }
-            _ => self.acked.push_back(a),
-        }
-        if self.acked.len() > ACKED_PER_CONSUMER {
-            self.acked.pop_front();
+    fn new(key: &[u8]) -> Consumer {
+        Consumer {
+            key: Bytes::copy_from_slice(key),
+            entries: VecDeque::new(),
         }
     }
 
-    fn get(&self, stream_seq: u64) -> Option<&Acked> {
-        if self.acked.back().is_none_or(|l| stream_seq > l.stream_seq) {
-            // Above every ack: a new message (nearly every delivery).
-            return None;
+    fn find(&self, stream_seq: u64) -> Result<usize, usize> {
+        match self.entries.back() {
+            // Above every entry: a new message (nearly every delivery and ack).
+            None => Err(0),
+            Some(l) if stream_seq > l.stream_seq => Err(self.entries.len()),
+            _ => self
+                .entries
+                .binary_search_by_key(&stream_seq, |e| e.stream_seq),
         }
-        let i = self
-            .acked
-            .binary_search_by_key(&stream_seq, |e| e.stream_seq)
-            .ok()?;
-        self.acked.get(i)
+    }
+
+    fn put(&mut self, e: Entry) {
+        match self.find(e.stream_seq) {
+            Ok(i) => self.entries[i] = e,
+            Err(i) if i == self.entries.len() => self.entries.push_back(e),
+            Err(i) => self.entries.insert(i, e),
+        }
+        if self.entries.len() > REMEMBERED_PER_CONSUMER {
+            self.entries.pop_front();
+        }
     }
 }
 
-/// The client's acks, per consumer (a handful per session: a short list).
+/// What the client got and acked, per consumer (a handful per session: a short list).
 #[derive(Debug, Default)]
-pub struct AckMemory {
+pub struct Deliveries {
     /// In the order they were first seen (the bound drops the first).
     consumers: Vec<Consumer>,
 }
 
-impl AckMemory {
-    pub fn is_empty(&self) -> bool {
-        self.consumers.is_empty()
-    }
-
-    fn consumer(&self, key: &[u8]) -> Option<&Consumer> {
-        self.consumers.iter().find(|c| c.key[..] == *key)
+impl Deliveries {
+    fn consumer_mut(&mut self, key: &[u8]) -> &mut Consumer {
+        let i = match self.consumers.iter().position(|c| c.key[..] == *key) {
+            Some(i) => i,
+            None => {
+                if self.consumers.len() >= MAX_CONSUMERS {
+                    self.consumers.remove(0);
+                }
+                self.consumers.push(Consumer::new(key));
+                self.consumers.len() - 1
+            }
+        };
+        &mut self.consumers[i]
     }
 
     /// A client publish to `subject` with `payload` at `now`: remembered if it is a
@@ -217,45 +269,66 @@ impl AckMemory {
         let Some(a) = AckRef::parse(subject).filter(|_| positive) else {
             return;
         };
-        let entry = Acked {
-            stream_seq: a.stream_seq,
-            consumer_seq: a.consumer_seq,
-            timestamp: a.timestamp,
-            at: now,
-        };
-        match self.consumers.iter_mut().find(|c| c.key[..] == *a.consumer) {
-            Some(c) => c.insert(entry),
-            None => {
-                if self.consumers.len() >= MAX_CONSUMERS {
-                    self.consumers.remove(0);
-                }
-                let mut c = Consumer {
-                    key: Bytes::copy_from_slice(a.consumer),
-                    acked: VecDeque::new(),
-                };
-                c.insert(entry);
-                self.consumers.push(c);
+        let c = self.consumer_mut(a.consumer);
+        match c.find(a.stream_seq) {
+            Ok(i) => {
+                let e = &mut c.entries[i];
+                e.acked = true;
+                e.at = now;
             }
+            Err(_) => c.put(Entry {
+                stream_seq: a.stream_seq,
+                consumer_seq: a.consumer_seq,
+                delivered: a.delivered,
+                timestamp: a.timestamp,
+                at: now,
+                sid: ANY_SID,
+                acked: true,
+            }),
         }
     }
 
-    /// Whether a delivery with this reply, at `now`, is one of a message the client
-    /// acked (see the module doc for the two rules).
-    pub fn is_acked_redelivery(&self, reply: &[u8], now: Instant) -> bool {
-        // Cheapest first: nearly every delivery is above every ack of its consumer.
-        let Some((consumer, _, sseq, _, _)) = fields(reply) else {
-            return false;
+    /// A delivery on subscription `sid` with this reply, at `now`: what it is to the
+    /// client. A [`Seen::New`] one is remembered as the client's, so call this only for
+    /// a delivery that goes to the client unless it is kept back for what this returns.
+    pub fn on_delivery(&mut self, sid: &[u8], reply: &[u8], now: Instant) -> Seen {
+        if !reply.starts_with(PREFIX) {
+            return Seen::New;
+        }
+        let Some(d) = AckRef::parse(reply) else {
+            return Seen::New;
         };
-        let Some(acked) = number(sseq).and_then(|sseq| self.consumer(consumer)?.get(sseq)) else {
-            return false;
+        let c = self.consumer_mut(d.consumer);
+        let fresh = Entry {
+            stream_seq: d.stream_seq,
+            consumer_seq: d.consumer_seq,
+            delivered: d.delivered,
+            timestamp: d.timestamp,
+            at: now,
+            sid: sid_tag(sid),
+            acked: false,
         };
-        let Some(a) = AckRef::parse(reply) else {
-            return false;
+        let i = match c.find(d.stream_seq) {
+            Ok(i) => i,
+            Err(_) => {
+                c.put(fresh);
+                return Seen::New;
+            }
         };
-        a.delivered > 1
-            || (acked.consumer_seq == a.consumer_seq
-                && acked.timestamp == a.timestamp
-                && now.saturating_duration_since(acked.at) < RESEND_WINDOW)
+        let e = c.entries[i];
+        let same = e.consumer_seq == d.consumer_seq
+            && (e.sid == fresh.sid || e.sid == ANY_SID)
+            && e.delivered == d.delivered
+            && e.timestamp == d.timestamp
+            && now.saturating_duration_since(e.at) < RESEND_WINDOW;
+        if same {
+            Seen::Resent { acked: e.acked }
+        } else if e.acked && d.delivered > 1 {
+            Seen::Redelivered
+        } else {
+            c.entries[i] = fresh;
+            Seen::New
+        }
     }
 }
 
@@ -286,7 +359,7 @@ mod tests {
     #[test]
     fn only_a_redelivery_of_what_the_client_acked_is_recognised() {
         let now = Instant::now();
-        let mut m = AckMemory::default();
+        let mut m = Deliveries::default();
         m.on_client_publish(V1, b"", now);
         m.on_client_publish(
             b"$JS.ACK.LOGS.CV.1.59.6.1795971532879267765.0",
@@ -304,68 +377,145 @@ mod tests {
             now,
         );
         let again = |s: u64| format!("$JS.ACK.LOGS.CV.2.{s}.9.1795971532879267799.0");
-        assert!(m.is_acked_redelivery(again(58).as_bytes(), now));
-        assert!(m.is_acked_redelivery(again(59).as_bytes(), now));
-        assert!(
-            !m.is_acked_redelivery(again(60).as_bytes(), now),
+        assert_eq!(
+            m.on_delivery(b"1", again(58).as_bytes(), now),
+            Seen::Redelivered
+        );
+        assert_eq!(
+            m.on_delivery(b"1", again(59).as_bytes(), now),
+            Seen::Redelivered
+        );
+        assert_eq!(
+            m.on_delivery(b"1", again(60).as_bytes(), now),
+            Seen::New,
             "a NAK is no ack"
         );
-        assert!(!m.is_acked_redelivery(again(61).as_bytes(), now));
-        assert!(
-            !m.is_acked_redelivery(b"$JS.ACK.LOGS.OTHER.2.58.9.1.0", now),
+        assert_eq!(m.on_delivery(b"1", again(61).as_bytes(), now), Seen::New);
+        assert_eq!(
+            m.on_delivery(b"1", b"$JS.ACK.LOGS.OTHER.2.58.9.1.0", now),
+            Seen::New,
             "per consumer"
         );
+        assert_eq!(m.on_delivery(b"1", b"_INBOX.x.y", now), Seen::New);
     }
 
     #[test]
-    fn a_first_delivery_sent_again_by_a_new_leader_is_recognised_for_a_while() {
+    fn the_same_delivery_sent_again_is_recognised_for_a_while_acked_or_not() {
         let t0 = Instant::now();
-        let mut m = AckMemory::default();
-        m.on_client_publish(V1, b"", t0);
-        // The same delivery; only <pending> differs.
+        let mut m = Deliveries::default();
+        assert_eq!(m.on_delivery(b"1", V1, t0), Seen::New);
+        // The same delivery; only <pending> differs. The client has not acked it yet.
         let resent = b"$JS.ACK.LOGS.CV.1.58.5.1795971532879267765.3";
-        assert!(m.is_acked_redelivery(resent, t0 + Duration::from_secs(2)));
-        assert!(!m.is_acked_redelivery(resent, t0 + RESEND_WINDOW));
+        let t1 = t0 + Duration::from_secs(2);
+        let not_acked = Seen::Resent { acked: false };
+        assert_eq!(m.on_delivery(b"1", resent, t1), not_acked);
+        assert_eq!(
+            m.on_delivery(b"1", resent, t1),
+            not_acked,
+            "kept back: not the client's"
+        );
+        m.on_client_publish(V1, b"+ACK", t1);
+        let acked = Seen::Resent { acked: true };
+        assert_eq!(
+            m.on_delivery(b"1", resent, t1 + Duration::from_secs(9)),
+            acked
+        );
+        assert_eq!(
+            m.on_delivery(b"1", resent, t1 + RESEND_WINDOW),
+            Seen::New,
+            "too late for a re-send: a replay"
+        );
         // Another consumer sequence or message: a replay, not a re-send.
-        assert!(!m.is_acked_redelivery(b"$JS.ACK.LOGS.CV.1.58.1.1795971532879267765.0", t0));
-        assert!(!m.is_acked_redelivery(b"$JS.ACK.LOGS.CV.1.58.5.1795971532879267999.0", t0));
+        let t2 = t1 + RESEND_WINDOW;
+        let replay = b"$JS.ACK.LOGS.CV.1.58.1.1795971532879267765.0";
+        assert_eq!(m.on_delivery(b"1", replay, t2), Seen::New);
+        let other = b"$JS.ACK.LOGS.CV.1.58.1.1795971532879267999.0";
+        assert_eq!(m.on_delivery(b"1", other, t2), Seen::New);
+        // A redelivery of what the client did not ack is the client's, once.
+        let redelivered = b"$JS.ACK.LOGS.CV.2.58.9.1795971532879267999.0";
+        assert_eq!(m.on_delivery(b"1", redelivered, t2), Seen::New);
+        assert_eq!(m.on_delivery(b"1", redelivered, t2), not_acked);
+    }
+
+    #[test]
+    fn each_subscription_gets_its_own_copy_of_a_delivery() {
+        let now = Instant::now();
+        let mut m = Deliveries::default();
+        assert_eq!(m.on_delivery(b"1", V1, now), Seen::New);
+        assert_eq!(
+            m.on_delivery(b"2", V1, now),
+            Seen::New,
+            "a second subscription matching the deliver subject"
+        );
+        // An entry the client's ack made matches on any subscription.
+        m.on_client_publish(b"$JS.ACK.LOGS.CV.1.70.9.5.0", b"", now);
+        let resent = m.on_delivery(b"7", b"$JS.ACK.LOGS.CV.1.70.9.5.3", now);
+        assert_eq!(resent, Seen::Resent { acked: true });
+        assert_ne!(sid_tag(b"1"), ANY_SID);
+        assert_ne!(sid_tag(b""), ANY_SID);
+    }
+
+    #[test]
+    fn deliveries_out_of_order_are_remembered_in_place() {
+        let now = Instant::now();
+        let mut m = Deliveries::default();
+        for s in [5u64, 9, 7, 1] {
+            let r = format!("$JS.ACK.S.C.1.{s}.{s}.0.0");
+            assert_eq!(m.on_delivery(b"1", r.as_bytes(), now), Seen::New);
+        }
+        for s in [1u64, 5, 7, 9] {
+            let r = format!("$JS.ACK.S.C.1.{s}.{s}.0.1");
+            let again = m.on_delivery(b"1", r.as_bytes(), now);
+            assert_eq!(again, Seen::Resent { acked: false }, "{s}");
+        }
+        assert_eq!(
+            m.on_delivery(b"1", b"$JS.ACK.S.C.1.6.6.0.0", now),
+            Seen::New
+        );
     }
 
     #[test]
     fn a_consumer_the_client_recreates_starts_with_no_memory() {
         let now = Instant::now();
-        let mut m = AckMemory::default();
+        let mut m = Deliveries::default();
         m.on_client_publish(V1, b"", now);
         let again = b"$JS.ACK.LOGS.CV.2.58.5.1795971532879267765.0";
-        assert!(m.is_acked_redelivery(again, now));
+        assert_eq!(m.on_delivery(b"1", again, now), Seen::Redelivered);
         m.on_client_publish(b"$JS.API.CONSUMER.INFO.LOGS.CV", b"", now);
-        assert!(m.is_acked_redelivery(again, now), "INFO changes nothing");
+        let info = m.on_delivery(b"1", again, now);
+        assert_eq!(info, Seen::Redelivered, "INFO changes nothing");
         m.on_client_publish(b"$JS.API.CONSUMER.DELETE.LOGS.CV", b"", now);
-        assert!(!m.is_acked_redelivery(again, now));
+        assert_eq!(m.on_delivery(b"1", again, now), Seen::New);
         m.on_client_publish(V1, b"", now);
         m.on_client_publish(b"$JS.hub.API.CONSUMER.CREATE.LOGS.CV.logs.>", b"{}", now);
-        assert!(!m.is_acked_redelivery(again, now));
+        assert_eq!(m.on_delivery(b"1", again, now), Seen::New);
         m.on_client_publish(V1, b"", now);
         m.on_client_publish(b"$JS.API.CONSUMER.DURABLE.CREATE.LOGS.CV", b"{}", now);
-        assert!(!m.is_acked_redelivery(again, now));
+        assert_eq!(m.on_delivery(b"1", again, now), Seen::New);
     }
 
     #[test]
     fn memory_is_bounded_per_consumer_and_in_consumers() {
         let now = Instant::now();
-        let mut m = AckMemory::default();
-        for s in 1..=(ACKED_PER_CONSUMER as u64 + 10) {
+        let mut m = Deliveries::default();
+        for s in 1..=(REMEMBERED_PER_CONSUMER as u64 + 10) {
             m.on_client_publish(format!("$JS.ACK.S.C.1.{s}.{s}.0.0").as_bytes(), b"", now);
         }
-        assert!(
-            !m.is_acked_redelivery(b"$JS.ACK.S.C.2.1.1.0.0", now),
+        assert_eq!(m.consumers[0].entries.len(), REMEMBERED_PER_CONSUMER);
+        assert_eq!(
+            m.on_delivery(b"1", b"$JS.ACK.S.C.2.1.1.0.0", now),
+            Seen::New,
             "oldest forgotten"
         );
-        assert!(m.is_acked_redelivery(b"$JS.ACK.S.C.2.4106.1.0.0", now));
+        let kept = m.on_delivery(b"1", b"$JS.ACK.S.C.2.4106.1.0.0", now);
+        assert_eq!(kept, Seen::Redelivered);
         for c in 0..=MAX_CONSUMERS {
-            m.on_client_publish(format!("$JS.ACK.S.K{c}.1.1.1.0.0").as_bytes(), b"", now);
+            m.on_delivery(b"1", format!("$JS.ACK.S.K{c}.1.1.1.0.0").as_bytes(), now);
         }
         assert_eq!(m.consumers.len(), MAX_CONSUMERS);
-        assert!(!m.is_acked_redelivery(b"$JS.ACK.S.C.2.4106.1.0.0", now));
+        assert_eq!(
+            m.on_delivery(b"1", b"$JS.ACK.S.C.2.4106.1.0.0", now),
+            Seen::New
+        );
     }
 }

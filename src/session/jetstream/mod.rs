@@ -7,9 +7,10 @@
 //! carry the inbox subscription's sid; statuses are header-only messages to the reply.
 //! The proxy tracks every request per inbox, hides the statuses that only say the
 //! consumer moved or is away, places lost requests again, and keeps the client's
-//! heartbeat monitor fed while the consumer is away; it also remembers the client's acks
-//! ([`acks`]) so that a redelivery of an acked message is acked again, not delivered,
-//! and amends the push consumer's heartbeats that would tell ([`heartbeat`]).
+//! heartbeat monitor fed while the consumer is away; it also remembers what the client
+//! got and acked ([`acks`]) so that a delivery it has already (a redelivery of what it
+//! acked, the same delivery sent again by a new leader) does not reach it twice, and
+//! amends the push consumer's heartbeats that would tell ([`heartbeat`]).
 
 pub mod acks;
 pub mod heartbeat;

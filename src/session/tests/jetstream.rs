@@ -97,6 +97,70 @@ fn a_redelivery_of_an_acked_message_is_acked_again_not_delivered() {
     assert_eq!(to_client(&h.upstream(1, nak)), nak.to_vec());
 }
 
+/// Seen in CI (nats-server 2.9.10, rolling restart): the consumer's new leader sent
+/// message 17 again as the same first delivery (only `<pending>` differed) 200 ms after
+/// the first copy, while nats-py's `fetch(64, timeout=1)` was still collecting its batch
+/// and had not acked it: the client counted it twice.
+#[test]
+fn the_same_delivery_sent_again_before_the_client_acked_it_reaches_it_once() {
+    let mut h = H::connected();
+    h.client(b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB _INBOX.p 1\r\n");
+    let body = br#"{"batch":64,"expires":990000000}"#;
+    let req = format!(
+        "PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.PY _INBOX.p {}\r\n{}\r\n",
+        body.len(),
+        std::str::from_utf8(body).unwrap()
+    );
+    h.client(req.as_bytes());
+    let d = |seq: u64, pending: u64| {
+        format!("MSG logs.v 1 $JS.ACK.LOGS.PY.1.{seq}.{seq}.17965383203100379{seq}.{pending} 2\r\n{seq}\r\n")
+            .into_bytes()
+    };
+    // New deliveries take the fast path; what the client has goes the full one.
+    assert_eq!(to_client(&h.upstream(1, &d(17, 0))), d(17, 0));
+    assert_eq!(to_client(&h.upstream(1, &d(18, 0))), d(18, 0));
+    h.now += Duration::from_millis(200);
+    let mut wire = d(17, 38);
+    wire.extend_from_slice(&d(19, 37));
+    let a = h.upstream(1, &wire);
+    assert_eq!(
+        String::from_utf8(to_client(&a)).unwrap(),
+        String::from_utf8(d(19, 37)).unwrap(),
+        "the copy kept back, the next one passes"
+    );
+    assert!(
+        to_upstream(&a).is_empty(),
+        "no ack: the client acks its own copy"
+    );
+    assert_eq!(h.s.stats().duplicates_suppressed, 1);
+    let hmsg = encode::msg(
+        b"logs.v",
+        b"1",
+        Some(b"$JS.ACK.LOGS.PY.1.18.18.1796538320310037918.36"),
+        Some(b"NATS/1.0\r\nNats-Msg-Id: 18\r\n\r\n"),
+        b"18",
+    );
+    assert!(
+        to_client(&h.upstream(1, &hmsg)).is_empty(),
+        "with headers too"
+    );
+    assert_eq!(h.s.stats().duplicates_suppressed, 2);
+    // The batch ends; the client acks what it got, each once.
+    for seq in 17..=19 {
+        let ack = format!("PUB $JS.ACK.LOGS.PY.1.{seq}.{seq}.17965383203100379{seq}.0 0\r\n\r\n");
+        let up = String::from_utf8(to_upstream(&h.client(ack.as_bytes()))).unwrap();
+        assert!(up.contains(&format!(".1.{seq}.{seq}.")), "{up:?}");
+    }
+    // Sent again once more after the acks: acked again by the proxy, still kept back.
+    let a = h.upstream(1, &d(17, 40));
+    assert!(to_client(&a).is_empty());
+    assert!(String::from_utf8(to_upstream(&a))
+        .unwrap()
+        .contains(".1.17.17."));
+    assert_eq!(h.s.stats().redeliveries_acked, 1);
+    assert_eq!(h.s.stats().msgs_to_client, 3);
+}
+
 fn idle_heartbeat(last_consumer: u64) -> Vec<u8> {
     let h = format!(
         "NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: {last_consumer}\r\nNats-Last-Stream: 3000\r\n\r\n"
