@@ -100,7 +100,7 @@ impl Session {
 
     pub(super) fn on_pub(&mut self, m: Message) {
         self.stats.msgs_to_upstream += 1;
-        self.seen
+        self.deliveries
             .on_client_publish(m.subject(), m.payload(), self.now);
         if self.opts.pedantic && !subject::is_valid_literal_subject(m.subject()) {
             // nats-server complains but still processes the message.
@@ -240,9 +240,7 @@ impl Session {
             // The server sends no-responders statuses only to clients that asked for them.
             return;
         }
-        let seen = m
-            .reply()
-            .map_or(Seen::New, |r| self.seen.on_delivery(m.sid(), r, self.now));
+        let seen = m.reply().map_or(Seen::New, |r| self.seen(m.sid(), r));
         if seen != Seen::New {
             return self.keep_back(&m, seen);
         }

@@ -98,7 +98,7 @@ use tracing::warn;
 
 use self::backlog::Backlog;
 use self::dial_window::DialWindow;
-use self::jetstream::acks::{Deliveries, Seen};
+use self::jetstream::acks::{self as seen, Deliveries, Recipient, Seen};
 use self::jetstream::PullTracker;
 use self::link::{Link, LinkState};
 use self::links::{Links, Role};
@@ -193,7 +193,7 @@ pub struct Session {
     stats: SessionStats,
     pulls: PullTracker,
     /// What the client got and acked of each JetStream consumer.
-    seen: Deliveries,
+    deliveries: Deliveries,
     /// Events for metrics; bounded (oldest dropped past [`MAX_EVENTS`]).
     events: VecDeque<SessionEvent>,
 }
@@ -228,7 +228,7 @@ impl Session {
             rng,
             stats: SessionStats::default(),
             pulls: PullTracker::default(),
-            seen: Deliveries::default(),
+            deliveries: Deliveries::default(),
             events: VecDeque::new(),
         };
         s.start_dial();
@@ -405,9 +405,7 @@ impl Session {
                 // back); a new one is remembered here, as it goes to the client.
                 let frame = &buf[run..];
                 v.reply.is_none_or(|r| {
-                    self.seen
-                        .on_delivery(&frame[v.sid.range()], &frame[r.range()], now)
-                        == Seen::New
+                    self.seen(&frame[v.sid.range()], &frame[r.range()]) == Seen::New
                 })
             });
             if let Some(v) = peeked {
@@ -438,6 +436,19 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// What a delivery on `sid` with `reply` is to the client ([`Deliveries`]); a new one
+    /// is remembered as the client's.
+    fn seen(&mut self, sid: &[u8], reply: &[u8]) -> Seen {
+        if !seen::is_delivery(reply) {
+            return Seen::New;
+        }
+        let to = match self.subs.get(sid).and_then(|s| s.queue.as_deref()) {
+            Some(q) => Recipient::Queue(q),
+            None => Recipient::Sub(sid),
+        };
+        self.deliveries.on_delivery(to, reply, self.now)
     }
 
     /// The dial of `epoch` was not made (the process's dial budget is spent). Not the

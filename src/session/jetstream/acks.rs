@@ -30,12 +30,16 @@
 //! not), for at most [`MAX_CONSUMERS`] consumers (past either bound the oldest is
 //! forgotten: what it covered then reaches the client as it would without the proxy).
 //! A delivery is, by [`Seen`]:
-//! - [`Seen::Resent`]: the delivery the client got on that subscription (same
+//! - [`Seen::Resent`]: the delivery the client got, to the same recipient (same
 //!   `<delivered>`, stream sequence, consumer sequence and timestamp) less than
 //!   [`RESEND_WINDOW`] after it got or acked it: kept from the client; acked again by the
 //!   proxy if the client acked it (the new leader may not know that ack either), else
-//!   left to the client's ack of its copy. (A client with two subscriptions matching a
-//!   deliver subject gets a copy on each, from the server as from the proxy);
+//!   left to the client's ack of its copy. The server sends a copy to each plain
+//!   subscription matching the deliver subject and one to each queue group, to any
+//!   member ([`Recipient`]): one sent again to another member of the group is the same.
+//!   Only the last recipient of a stream sequence is remembered: where several get it
+//!   (two subscriptions matching one deliver subject), copies sent again reach them, as
+//!   they would without the proxy;
 //! - [`Seen::Redelivered`]: `<delivered>` > 1 for a stream sequence the client acked:
 //!   acked again by the proxy and kept from the client;
 //! - [`Seen::New`]: anything else, remembered as the client's.
@@ -174,22 +178,45 @@ struct Entry {
     timestamp: u64,
     /// When the client got it or acked it, whichever came last.
     at: Instant,
-    /// The subscription it reached ([`sid_tag`]; [`ANY_SID`] for an entry made by an
-    /// ack).
-    sid: u32,
+    /// Who got it ([`Recipient::tag`]; [`ANY_RECIPIENT`] for an entry made by an ack).
+    to: u32,
     acked: bool,
 }
 
-/// An entry's subscription when only the client's ack made it.
-const ANY_SID: u32 = 0;
+/// An entry's recipient when only the client's ack made it.
+const ANY_RECIPIENT: u32 = 0;
 
-/// A subscription's tag in an [`Entry`]: FNV-1a of its sid, never [`ANY_SID`]. Two
-/// subscriptions with the same tag (one pair in 2^31) are taken for one.
-fn sid_tag(sid: &[u8]) -> u32 {
-    let h = sid.iter().fold(0x811c_9dc5u32, |h, &b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    });
-    h | 1
+/// Who of the client gets a delivery: the server sends one copy to each plain
+/// subscription matching the deliver subject, and one to each queue group (to one of its
+/// members).
+#[derive(Debug, Clone, Copy)]
+pub enum Recipient<'a> {
+    /// A plain subscription, by sid.
+    Sub(&'a [u8]),
+    /// A queue group, by name.
+    Queue(&'a [u8]),
+}
+
+impl Recipient<'_> {
+    /// Its tag in an [`Entry`]: FNV-1a of the sid or the group's name (from different
+    /// offsets), never [`ANY_RECIPIENT`]. Two recipients with the same tag (one pair in 2^31)
+    /// are taken for one.
+    fn tag(self) -> u32 {
+        let (basis, name) = match self {
+            Recipient::Sub(sid) => (0x811c_9dc5u32, sid),
+            Recipient::Queue(q) => (0x050c_5d1fu32, q),
+        };
+        let h = name
+            .iter()
+            .fold(basis, |h, &b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+        h | 1
+    }
+}
+
+/// Whether a reply subject is a JetStream delivery's (what [`Deliveries::on_delivery`]
+/// looks at; anything else is [`Seen::New`]).
+pub fn is_delivery(reply: &[u8]) -> bool {
+    reply.starts_with(PREFIX)
 }
 
 /// One consumer's stream sequences, sorted (deliveries and acks come nearly in order,
@@ -282,17 +309,17 @@ impl Deliveries {
                 delivered: a.delivered,
                 timestamp: a.timestamp,
                 at: now,
-                sid: ANY_SID,
+                to: ANY_RECIPIENT,
                 acked: true,
             }),
         }
     }
 
-    /// A delivery on subscription `sid` with this reply, at `now`: what it is to the
-    /// client. A [`Seen::New`] one is remembered as the client's, so call this only for
-    /// a delivery that goes to the client unless it is kept back for what this returns.
-    pub fn on_delivery(&mut self, sid: &[u8], reply: &[u8], now: Instant) -> Seen {
-        if !reply.starts_with(PREFIX) {
+    /// A delivery to `to` with this reply, at `now`: what it is to the client. A
+    /// [`Seen::New`] one is remembered as the client's, so call this only for a delivery
+    /// that goes to the client unless it is kept back for what this returns.
+    pub fn on_delivery(&mut self, to: Recipient<'_>, reply: &[u8], now: Instant) -> Seen {
+        if !is_delivery(reply) {
             return Seen::New;
         }
         let Some(d) = AckRef::parse(reply) else {
@@ -305,7 +332,7 @@ impl Deliveries {
             delivered: d.delivered,
             timestamp: d.timestamp,
             at: now,
-            sid: sid_tag(sid),
+            to: to.tag(),
             acked: false,
         };
         let i = match c.find(d.stream_seq) {
@@ -317,7 +344,7 @@ impl Deliveries {
         };
         let e = c.entries[i];
         let same = e.consumer_seq == d.consumer_seq
-            && (e.sid == fresh.sid || e.sid == ANY_SID)
+            && (e.to == fresh.to || e.to == ANY_RECIPIENT)
             && e.delivered == d.delivered
             && e.timestamp == d.timestamp
             && now.saturating_duration_since(e.at) < RESEND_WINDOW;
@@ -337,6 +364,7 @@ mod tests {
     use super::*;
 
     const V1: &[u8] = b"$JS.ACK.LOGS.CV.1.58.5.1795971532879267765.0";
+    const S1: Recipient<'static> = Recipient::Sub(b"1");
 
     #[test]
     fn both_subject_forms_parse() {
@@ -378,81 +406,89 @@ mod tests {
         );
         let again = |s: u64| format!("$JS.ACK.LOGS.CV.2.{s}.9.1795971532879267799.0");
         assert_eq!(
-            m.on_delivery(b"1", again(58).as_bytes(), now),
+            m.on_delivery(S1, again(58).as_bytes(), now),
             Seen::Redelivered
         );
         assert_eq!(
-            m.on_delivery(b"1", again(59).as_bytes(), now),
+            m.on_delivery(S1, again(59).as_bytes(), now),
             Seen::Redelivered
         );
         assert_eq!(
-            m.on_delivery(b"1", again(60).as_bytes(), now),
+            m.on_delivery(S1, again(60).as_bytes(), now),
             Seen::New,
             "a NAK is no ack"
         );
-        assert_eq!(m.on_delivery(b"1", again(61).as_bytes(), now), Seen::New);
+        assert_eq!(m.on_delivery(S1, again(61).as_bytes(), now), Seen::New);
         assert_eq!(
-            m.on_delivery(b"1", b"$JS.ACK.LOGS.OTHER.2.58.9.1.0", now),
+            m.on_delivery(S1, b"$JS.ACK.LOGS.OTHER.2.58.9.1.0", now),
             Seen::New,
             "per consumer"
         );
-        assert_eq!(m.on_delivery(b"1", b"_INBOX.x.y", now), Seen::New);
+        assert_eq!(m.on_delivery(S1, b"_INBOX.x.y", now), Seen::New);
     }
 
     #[test]
     fn the_same_delivery_sent_again_is_recognised_for_a_while_acked_or_not() {
         let t0 = Instant::now();
         let mut m = Deliveries::default();
-        assert_eq!(m.on_delivery(b"1", V1, t0), Seen::New);
+        assert_eq!(m.on_delivery(S1, V1, t0), Seen::New);
         // The same delivery; only <pending> differs. The client has not acked it yet.
         let resent = b"$JS.ACK.LOGS.CV.1.58.5.1795971532879267765.3";
         let t1 = t0 + Duration::from_secs(2);
         let not_acked = Seen::Resent { acked: false };
-        assert_eq!(m.on_delivery(b"1", resent, t1), not_acked);
+        assert_eq!(m.on_delivery(S1, resent, t1), not_acked);
         assert_eq!(
-            m.on_delivery(b"1", resent, t1),
+            m.on_delivery(S1, resent, t1),
             not_acked,
             "kept back: not the client's"
         );
         m.on_client_publish(V1, b"+ACK", t1);
         let acked = Seen::Resent { acked: true };
         assert_eq!(
-            m.on_delivery(b"1", resent, t1 + Duration::from_secs(9)),
+            m.on_delivery(S1, resent, t1 + Duration::from_secs(9)),
             acked
         );
         assert_eq!(
-            m.on_delivery(b"1", resent, t1 + RESEND_WINDOW),
+            m.on_delivery(S1, resent, t1 + RESEND_WINDOW),
             Seen::New,
             "too late for a re-send: a replay"
         );
         // Another consumer sequence or message: a replay, not a re-send.
         let t2 = t1 + RESEND_WINDOW;
         let replay = b"$JS.ACK.LOGS.CV.1.58.1.1795971532879267765.0";
-        assert_eq!(m.on_delivery(b"1", replay, t2), Seen::New);
+        assert_eq!(m.on_delivery(S1, replay, t2), Seen::New);
         let other = b"$JS.ACK.LOGS.CV.1.58.1.1795971532879267999.0";
-        assert_eq!(m.on_delivery(b"1", other, t2), Seen::New);
+        assert_eq!(m.on_delivery(S1, other, t2), Seen::New);
         // A redelivery of what the client did not ack is the client's, once.
         let redelivered = b"$JS.ACK.LOGS.CV.2.58.9.1795971532879267999.0";
-        assert_eq!(m.on_delivery(b"1", redelivered, t2), Seen::New);
-        assert_eq!(m.on_delivery(b"1", redelivered, t2), not_acked);
+        assert_eq!(m.on_delivery(S1, redelivered, t2), Seen::New);
+        assert_eq!(m.on_delivery(S1, redelivered, t2), not_acked);
     }
 
     #[test]
-    fn each_subscription_gets_its_own_copy_of_a_delivery() {
+    fn each_subscription_and_queue_group_gets_its_own_copy_of_a_delivery() {
         let now = Instant::now();
         let mut m = Deliveries::default();
-        assert_eq!(m.on_delivery(b"1", V1, now), Seen::New);
+        assert_eq!(m.on_delivery(S1, V1, now), Seen::New);
+        let s2 = Recipient::Sub(b"2");
         assert_eq!(
-            m.on_delivery(b"2", V1, now),
+            m.on_delivery(s2, V1, now),
             Seen::New,
             "a second subscription matching the deliver subject"
         );
-        // An entry the client's ack made matches on any subscription.
+        assert_eq!(m.on_delivery(s2, V1, now), Seen::Resent { acked: false });
+        // A queue group gets one copy, to any member: sent again, to another.
+        let v2 = b"$JS.ACK.LOGS.CV.1.59.6.1795971532879267765.0";
+        assert_eq!(m.on_delivery(Recipient::Queue(b"Q"), v2, now), Seen::New);
+        let again = m.on_delivery(Recipient::Queue(b"Q"), v2, now);
+        assert_eq!(again, Seen::Resent { acked: false });
+        assert_eq!(m.on_delivery(Recipient::Queue(b"R"), v2, now), Seen::New);
+        // An entry the client's ack made matches any recipient.
         m.on_client_publish(b"$JS.ACK.LOGS.CV.1.70.9.5.0", b"", now);
-        let resent = m.on_delivery(b"7", b"$JS.ACK.LOGS.CV.1.70.9.5.3", now);
+        let resent = m.on_delivery(Recipient::Sub(b"7"), b"$JS.ACK.LOGS.CV.1.70.9.5.3", now);
         assert_eq!(resent, Seen::Resent { acked: true });
-        assert_ne!(sid_tag(b"1"), ANY_SID);
-        assert_ne!(sid_tag(b""), ANY_SID);
+        assert_ne!(Recipient::Sub(b"").tag(), ANY_RECIPIENT);
+        assert_ne!(Recipient::Sub(b"Q").tag(), Recipient::Queue(b"Q").tag());
     }
 
     #[test]
@@ -461,17 +497,14 @@ mod tests {
         let mut m = Deliveries::default();
         for s in [5u64, 9, 7, 1] {
             let r = format!("$JS.ACK.S.C.1.{s}.{s}.0.0");
-            assert_eq!(m.on_delivery(b"1", r.as_bytes(), now), Seen::New);
+            assert_eq!(m.on_delivery(S1, r.as_bytes(), now), Seen::New);
         }
         for s in [1u64, 5, 7, 9] {
             let r = format!("$JS.ACK.S.C.1.{s}.{s}.0.1");
-            let again = m.on_delivery(b"1", r.as_bytes(), now);
+            let again = m.on_delivery(S1, r.as_bytes(), now);
             assert_eq!(again, Seen::Resent { acked: false }, "{s}");
         }
-        assert_eq!(
-            m.on_delivery(b"1", b"$JS.ACK.S.C.1.6.6.0.0", now),
-            Seen::New
-        );
+        assert_eq!(m.on_delivery(S1, b"$JS.ACK.S.C.1.6.6.0.0", now), Seen::New);
     }
 
     #[test]
@@ -480,18 +513,18 @@ mod tests {
         let mut m = Deliveries::default();
         m.on_client_publish(V1, b"", now);
         let again = b"$JS.ACK.LOGS.CV.2.58.5.1795971532879267765.0";
-        assert_eq!(m.on_delivery(b"1", again, now), Seen::Redelivered);
+        assert_eq!(m.on_delivery(S1, again, now), Seen::Redelivered);
         m.on_client_publish(b"$JS.API.CONSUMER.INFO.LOGS.CV", b"", now);
-        let info = m.on_delivery(b"1", again, now);
+        let info = m.on_delivery(S1, again, now);
         assert_eq!(info, Seen::Redelivered, "INFO changes nothing");
         m.on_client_publish(b"$JS.API.CONSUMER.DELETE.LOGS.CV", b"", now);
-        assert_eq!(m.on_delivery(b"1", again, now), Seen::New);
+        assert_eq!(m.on_delivery(S1, again, now), Seen::New);
         m.on_client_publish(V1, b"", now);
         m.on_client_publish(b"$JS.hub.API.CONSUMER.CREATE.LOGS.CV.logs.>", b"{}", now);
-        assert_eq!(m.on_delivery(b"1", again, now), Seen::New);
+        assert_eq!(m.on_delivery(S1, again, now), Seen::New);
         m.on_client_publish(V1, b"", now);
         m.on_client_publish(b"$JS.API.CONSUMER.DURABLE.CREATE.LOGS.CV", b"{}", now);
-        assert_eq!(m.on_delivery(b"1", again, now), Seen::New);
+        assert_eq!(m.on_delivery(S1, again, now), Seen::New);
     }
 
     #[test]
@@ -503,18 +536,18 @@ mod tests {
         }
         assert_eq!(m.consumers[0].entries.len(), REMEMBERED_PER_CONSUMER);
         assert_eq!(
-            m.on_delivery(b"1", b"$JS.ACK.S.C.2.1.1.0.0", now),
+            m.on_delivery(S1, b"$JS.ACK.S.C.2.1.1.0.0", now),
             Seen::New,
             "oldest forgotten"
         );
-        let kept = m.on_delivery(b"1", b"$JS.ACK.S.C.2.4106.1.0.0", now);
+        let kept = m.on_delivery(S1, b"$JS.ACK.S.C.2.4106.1.0.0", now);
         assert_eq!(kept, Seen::Redelivered);
         for c in 0..=MAX_CONSUMERS {
-            m.on_delivery(b"1", format!("$JS.ACK.S.K{c}.1.1.1.0.0").as_bytes(), now);
+            m.on_delivery(S1, format!("$JS.ACK.S.K{c}.1.1.1.0.0").as_bytes(), now);
         }
         assert_eq!(m.consumers.len(), MAX_CONSUMERS);
         assert_eq!(
-            m.on_delivery(b"1", b"$JS.ACK.S.C.2.4106.1.0.0", now),
+            m.on_delivery(S1, b"$JS.ACK.S.C.2.4106.1.0.0", now),
             Seen::New
         );
     }

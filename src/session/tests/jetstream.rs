@@ -161,6 +161,48 @@ fn the_same_delivery_sent_again_before_the_client_acked_it_reaches_it_once() {
     assert_eq!(h.s.stats().msgs_to_client, 3);
 }
 
+/// Seen while testing the rule above (2.9.10, rolling restart): a delivery to one member
+/// of nats-py's queue group (two push subscribers on one durable) sent again to the
+/// other. The server sends one copy per queue group and one per plain subscription.
+#[test]
+fn a_delivery_sent_again_to_another_queue_member_is_the_same_one() {
+    let mut h = H::connected();
+    h.client(b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB dlv Q 3\r\nSUB dlv Q 4\r\nSUB mon 5\r\nSUB mon.> 6\r\n");
+    let d = |subject: &str, sid: u64, seq: u64, pending: u64| {
+        format!("MSG {subject} {sid} $JS.ACK.LOGS.PYQ.1.{seq}.{seq}.17965403668750000{seq}.{pending} 2\r\n{seq}\r\n")
+            .into_bytes()
+    };
+    assert_eq!(
+        to_client(&h.upstream(1, &d("dlv", 3, 17, 0))),
+        d("dlv", 3, 17, 0)
+    );
+    h.client(b"PUB $JS.ACK.LOGS.PYQ.1.17.17.1796540366875000017.0 0\r\n\r\n");
+    assert_eq!(
+        to_client(&h.upstream(1, &d("dlv", 4, 18, 0))),
+        d("dlv", 4, 18, 0)
+    );
+    h.now += Duration::from_millis(300);
+    let a = h.upstream(1, &d("dlv", 4, 17, 12));
+    assert!(to_client(&a).is_empty(), "the group had it");
+    assert!(
+        String::from_utf8(to_upstream(&a))
+            .unwrap()
+            .contains(".1.17.17."),
+        "acked again"
+    );
+    assert!(
+        to_client(&h.upstream(1, &d("dlv", 3, 18, 11))).is_empty(),
+        "not acked yet"
+    );
+    assert_eq!(h.s.stats().redeliveries_acked, 1);
+    assert_eq!(h.s.stats().duplicates_suppressed, 1);
+    // Two plain subscriptions matching one deliver subject: each gets its copy.
+    let mut wire = d("mon", 5, 19, 0);
+    wire.extend_from_slice(&d("mon", 6, 19, 0));
+    assert_eq!(to_client(&h.upstream(1, &wire)), wire);
+    assert_eq!(h.s.stats().msgs_to_client, 4);
+}
+
 fn idle_heartbeat(last_consumer: u64) -> Vec<u8> {
     let h = format!(
         "NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: {last_consumer}\r\nNats-Last-Stream: 3000\r\n\r\n"
