@@ -98,7 +98,7 @@ use tracing::warn;
 
 use self::backlog::Backlog;
 use self::dial_window::DialWindow;
-use self::jetstream::acks::{self as seen, Deliveries, Recipient, Seen};
+use self::jetstream::acks::{self, Deliveries, Recipient, Seen};
 use self::jetstream::PullTracker;
 use self::link::{Link, LinkState};
 use self::links::{Links, Role};
@@ -441,7 +441,7 @@ impl Session {
     /// What a delivery on `sid` with `reply` is to the client ([`Deliveries`]); a new one
     /// is remembered as the client's.
     fn seen(&mut self, sid: &[u8], reply: &[u8]) -> Seen {
-        if !seen::is_delivery(reply) {
+        if !acks::is_delivery(reply) {
             return Seen::New;
         }
         let to = match self.subs.get(sid).and_then(|s| s.queue.as_deref()) {
