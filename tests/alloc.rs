@@ -36,11 +36,15 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static A: Counting = Counting;
 
-/// Allocations per message over `rounds` passes of `stream` through `step`, after one
-/// warm-up pass (buffers reach their steady size).
-fn per_message(stream: &[u8], n: usize, mut step: impl FnMut(&mut BytesMut)) -> f64 {
+/// Allocations per message over `rounds` passes of `n` messages through `step`, after
+/// one warm-up pass (buffers reach their steady size); pass `k` feeds `streams[k]` (the
+/// last one again past the end).
+fn per_message(streams: &[Vec<u8>], n: usize, mut step: impl FnMut(&mut BytesMut)) -> f64 {
     let mut buf = BytesMut::with_capacity(256 * 1024);
+    let mut k = 0;
     let mut pass = |buf: &mut BytesMut| {
+        let stream = &streams[k.min(streams.len() - 1)];
+        k += 1;
         for chunk in stream.chunks(64 * 1024) {
             if buf.capacity() - buf.len() < chunk.len() {
                 buf.reserve(128 * 1024);
@@ -61,20 +65,31 @@ fn per_message(stream: &[u8], n: usize, mut step: impl FnMut(&mut BytesMut)) -> 
 #[test]
 fn relaying_messages_allocates_nothing_per_message() {
     const N: usize = 5000;
-    let msg = encode::msg(
-        b"logs.app",
-        b"1",
-        Some(b"$JS.ACK.LOGS.C.1.5.5.1.0"),
-        None,
-        &[b'x'; 128],
-    );
-    let stream = msg.repeat(N);
+    // JetStream deliveries, each a new one (the session remembers what the client got
+    // and keeps back the same delivery sent again): five passes of N in sequence.
+    let streams: Vec<Vec<u8>> = (0..5)
+        .map(|pass| {
+            (1..=N)
+                .flat_map(|i| {
+                    let seq = pass * N + i;
+                    let reply = format!("$JS.ACK.LOGS.C.1.{seq}.{seq}.1796540366875000000.0");
+                    encode::msg(
+                        b"logs.app",
+                        b"1",
+                        Some(reply.as_bytes()),
+                        None,
+                        &[b'x'; 128],
+                    )
+                })
+                .collect()
+        })
+        .collect();
     let (mut s, epoch) = connected_session("logs.>");
     let now = Instant::now();
     let mut out = 0usize;
     // As the driver does: take the client's bytes into its write buffer, "write" them.
     let mut wbuf = BytesMut::with_capacity(1 << 20);
-    let per = per_message(&stream, N, |buf| {
+    let per = per_message(&streams, N, |buf| {
         s.handle_upstream_bytes(epoch, buf, now);
         s.take_client_output(&mut wbuf);
         out += wbuf.len();
@@ -83,14 +98,14 @@ fn relaying_messages_allocates_nothing_per_message() {
             assert!(!matches!(a, Action::ToClient(_)), "all taken above");
         }
     });
-    assert_eq!(out, 5 * stream.len());
+    assert_eq!(out, streams.iter().map(Vec::len).sum::<usize>());
     println!("MSG upstream→client: {per:.4} allocations per message");
     assert!(per < 0.01, "{per} allocations per message");
 
     let pubf = encode::publish(b"logs.app", None, None, &[b'y'; 128]);
     let stream = pubf.repeat(N);
     let mut written = 0usize;
-    let per = per_message(&stream, N, |buf| {
+    let per = per_message(&[stream], N, |buf| {
         s.handle_client_bytes(buf, now);
         while let Some(a) = s.poll_action() {
             if let Action::ToUpstream(_, _) = a {
