@@ -200,8 +200,8 @@ pub enum Recipient<'a> {
 
 impl Recipient<'_> {
     /// Its tag in an [`Entry`]: FNV-1a of the sid or the group's name (from different
-    /// offsets), never [`ANY_RECIPIENT`]. Two recipients with the same tag (one pair in 2^31)
-    /// are taken for one.
+    /// offsets), never [`ANY_RECIPIENT`]. Two recipients with the same tag (one pair in
+    /// 2^31) are taken for one.
     fn tag(self) -> u32 {
         let (basis, name) = match self {
             Recipient::Sub(sid) => (0x811c_9dc5u32, sid),
