@@ -97,6 +97,15 @@ fn a_redelivery_of_an_acked_message_is_acked_again_not_delivered() {
     assert_eq!(to_client(&h.upstream(1, nak)), nak.to_vec());
 }
 
+/// The client's pull request `body` for consumer `LOGS.<consumer>`, to inbox `_INBOX.p`.
+fn pull_request(consumer: &str, body: &str) -> Vec<u8> {
+    format!(
+        "PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.{consumer} _INBOX.p {}\r\n{body}\r\n",
+        body.len()
+    )
+    .into_bytes()
+}
+
 /// Seen in CI (nats-server 2.9.10, rolling restart): the consumer's new leader sent
 /// message 17 again as the same first delivery (only `<pending>` differed) 200 ms after
 /// the first copy, while nats-py's `fetch(64, timeout=1)` was still collecting its batch
@@ -105,13 +114,7 @@ fn a_redelivery_of_an_acked_message_is_acked_again_not_delivered() {
 fn the_same_delivery_sent_again_before_the_client_acked_it_reaches_it_once() {
     let mut h = H::connected();
     h.client(b"CONNECT {\"verbose\":false,\"headers\":true}\r\nSUB _INBOX.p 1\r\n");
-    let body = br#"{"batch":64,"expires":990000000}"#;
-    let req = format!(
-        "PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.PY _INBOX.p {}\r\n{}\r\n",
-        body.len(),
-        std::str::from_utf8(body).unwrap()
-    );
-    h.client(req.as_bytes());
+    h.client(&pull_request("PY", r#"{"batch":64,"expires":990000000}"#));
     let d = |seq: u64, pending: u64| {
         format!("MSG logs.v 1 $JS.ACK.LOGS.PY.1.{seq}.{seq}.17965383203100379{seq}.{pending} 2\r\n{seq}\r\n")
             .into_bytes()
@@ -345,13 +348,7 @@ fn a_request_whose_credit_a_hidden_redelivery_took_is_placed_again() {
     h.client(b"PUB $JS.ACK.LOGS.PY.1.58.5.1795971532879267765.0 0\r\n\r\n");
 
     // batch 1, 990 ms: the redelivery takes the placement's only credit.
-    let body = br#"{"batch":1,"expires":990000000}"#;
-    let req = format!(
-        "PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.PY _INBOX.p {}\r\n{}\r\n",
-        body.len(),
-        std::str::from_utf8(body).unwrap()
-    );
-    h.client(req.as_bytes());
+    h.client(&pull_request("PY", r#"{"batch":1,"expires":990000000}"#));
     h.now += Duration::from_millis(2);
     let again = b"MSG logs.v 1 $JS.ACK.LOGS.PY.2.58.6.1795971562879267765.0 3\r\nm58\r\n";
     let a = h.upstream(1, again);
@@ -393,13 +390,10 @@ fn an_end_status_counts_a_hidden_redelivery_as_never_made() {
     assert_eq!(to_client(&h.upstream(1, first)), first.to_vec());
     h.client(b"PUB $JS.ACK.LOGS.AN.1.58.5.1795971532879267765.0 0\r\n\r\n");
 
-    let body = br#"{"batch":64,"max_bytes":100000,"expires":30000000000}"#;
-    let req = format!(
-        "PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.AN _INBOX.p {}\r\n{}\r\n",
-        body.len(),
-        std::str::from_utf8(body).unwrap()
-    );
-    h.client(req.as_bytes());
+    h.client(&pull_request(
+        "AN",
+        r#"{"batch":64,"max_bytes":100000,"expires":30000000000}"#,
+    ));
     let again = b"MSG logs.v 1 $JS.ACK.LOGS.AN.2.58.6.1795971562879267765.0 3\r\nm58\r\n";
     assert!(to_client(&h.upstream(1, again)).is_empty());
     let next = b"MSG logs.v 1 $JS.ACK.LOGS.AN.1.59.7.1795971562879267766.0 3\r\nm59\r\n";
