@@ -44,6 +44,7 @@ impl Session {
                 if !subject::is_valid_subject(&subject) {
                     return self.local_err(encode::err("Invalid Subject"));
                 }
+                self.subscribed |= !subject.starts_with(b"_INBOX.");
                 if self.subs.subscribe(sid, subject, queue) {
                     self.send_sub_op(raw, false);
                 }
@@ -100,8 +101,12 @@ impl Session {
 
     pub(super) fn on_pub(&mut self, m: Message) {
         self.stats.msgs_to_upstream += 1;
-        self.deliveries
-            .on_client_publish(m.subject(), m.payload(), self.now);
+        if let Some(consumer) =
+            self.deliveries
+                .on_client_publish(m.subject(), m.payload(), self.now)
+        {
+            self.consuming.acked(consumer, m.payload(), self.now);
+        }
         if self.opts.pedantic && !subject::is_valid_literal_subject(m.subject()) {
             // nats-server complains but still processes the message.
             self.local_err(encode::err("Invalid Publish Subject"));
@@ -113,6 +118,8 @@ impl Session {
             }
         }
         if let (Some(reply), true) = (m.reply(), jetstream::is_pull_subject(m.subject())) {
+            let expires = jetstream::request::parse_body(m.payload()).and_then(|b| b.expires);
+            self.consuming.pulled(m.subject(), expires, self.now);
             if let Some(sid) = self.subs.sid_for(reply) {
                 let headers = m.has_headers().then(|| m.headers());
                 let rewritten =
@@ -285,7 +292,7 @@ impl Session {
     }
 
     /// Keeps from the client a delivery it already has (`seen`, from
-    /// [`Deliveries::on_delivery`](super::jetstream::acks::Deliveries::on_delivery)): one
+    /// [`Deliveries::on_delivery_of`](super::jetstream::acks::Deliveries::on_delivery_of)): one
     /// it acked is acked again (its ack was lost upstream, or the new consumer leader does
     /// not know it); the credit it used is the placement's, not the client's.
     fn keep_back(&mut self, m: &Message, seen: Seen) {

@@ -86,6 +86,7 @@ pub use action::{Action, CloseReason, Epoch};
 pub use backlog::{CONFIRM_BYTES, CONFIRM_DELAY};
 pub use config::*;
 pub use dial_window::{DIAL_WINDOW, MAX_DIALS_PER_WINDOW};
+pub use jetstream::consuming::{ConsumerActivity, Consuming, MAX_WATCHED_CONSUMERS};
 pub use stats::{MoveReason, SessionEvent, SessionStats, MAX_EVENTS, SHIELDED_CODES};
 
 #[cfg(test)]
@@ -194,6 +195,10 @@ pub struct Session {
     pulls: PullTracker,
     /// What the client got and acked of each JetStream consumer.
     deliveries: Deliveries,
+    /// When the client last pulled, acked and got deliveries, per consumer.
+    consuming: Consuming,
+    /// The client subscribed to something other than a reply inbox (`_INBOX.`).
+    subscribed: bool,
     /// Events for metrics; bounded (oldest dropped past [`MAX_EVENTS`]).
     events: VecDeque<SessionEvent>,
 }
@@ -229,6 +234,8 @@ impl Session {
             stats: SessionStats::default(),
             pulls: PullTracker::default(),
             deliveries: Deliveries::default(),
+            consuming: Consuming::default(),
+            subscribed: false,
             events: VecDeque::new(),
         };
         s.start_dial();
@@ -290,6 +297,27 @@ impl Session {
     /// Counters so far.
     pub fn stats(&self) -> &SessionStats {
         &self.stats
+    }
+
+    /// True once the client connected (sent CONNECT, or another op first), until it is
+    /// closed.
+    pub fn is_client_connected(&self) -> bool {
+        matches!(
+            self.client_state,
+            ClientState::Connected | ClientState::Ending
+        )
+    }
+
+    /// Whether the client consumes: it subscribed to a subject other than a reply inbox,
+    /// or pulled from a JetStream consumer. A client that only publishes and requests
+    /// is not watched (`/livez/client`).
+    pub fn consumes(&self) -> bool {
+        self.subscribed || !self.consuming.consumers().is_empty()
+    }
+
+    /// When the client last pulled, acked and got deliveries, per JetStream consumer.
+    pub fn consuming(&self) -> &Consuming {
+        &self.consuming
     }
 
     /// The name the client gave in its CONNECT, once it has.
@@ -444,11 +472,18 @@ impl Session {
         if !acks::is_delivery(reply) {
             return Seen::New;
         }
+        let Some(d) = acks::AckRef::parse(reply) else {
+            return Seen::New;
+        };
         let to = match self.subs.get(sid).and_then(|s| s.queue.as_deref()) {
             Some(q) => Recipient::Queue(q),
             None => Recipient::Sub(sid),
         };
-        self.deliveries.on_delivery(to, reply, self.now)
+        let seen = self.deliveries.on_delivery_of(to, &d, self.now);
+        if seen == Seen::New {
+            self.consuming.delivered(d.consumer);
+        }
+        seen
     }
 
     /// The dial of `epoch` was not made (the process's dial budget is spent). Not the

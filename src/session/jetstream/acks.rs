@@ -214,7 +214,7 @@ impl Recipient<'_> {
     }
 }
 
-/// Whether a reply subject is a JetStream delivery's (what [`Deliveries::on_delivery`]
+/// Whether a reply subject is a JetStream delivery's (what [`Deliveries::on_delivery_of`]
 /// looks at; anything else is [`Seen::New`]).
 pub fn is_delivery(reply: &[u8]) -> bool {
     reply.starts_with(PREFIX)
@@ -283,20 +283,27 @@ impl Deliveries {
     }
 
     /// A client publish to `subject` with `payload` at `now`: remembered if it is a
-    /// positive ack; a consumer the client creates or deletes is forgotten.
-    pub fn on_client_publish(&mut self, subject: &[u8], payload: &[u8], now: Instant) {
+    /// positive ack; a consumer the client creates or deletes is forgotten. Returns the
+    /// consumer key of an ack of any kind.
+    pub fn on_client_publish<'s>(
+        &mut self,
+        subject: &'s [u8],
+        payload: &[u8],
+        now: Instant,
+    ) -> Option<&'s [u8]> {
         if !subject.starts_with(PREFIX) {
             if !self.consumers.is_empty() && subject.starts_with(b"$JS.") {
                 if let Some(key) = managed_consumer(subject) {
                     self.consumers.retain(|c| c.key[..] != key[..]);
                 }
             }
-            return;
+            return None;
         }
+        let a = AckRef::parse(subject)?;
         let positive = payload.is_empty() || payload.trim_ascii() == b"+ACK";
-        let Some(a) = AckRef::parse(subject).filter(|_| positive) else {
-            return;
-        };
+        if !positive {
+            return Some(a.consumer);
+        }
         let c = self.consumer_mut(a.consumer);
         match c.find(a.stream_seq) {
             Ok(i) => {
@@ -314,18 +321,25 @@ impl Deliveries {
                 acked: true,
             }),
         }
+        Some(a.consumer)
     }
 
-    /// A delivery to `to` with this reply, at `now`: what it is to the client. A
-    /// [`Seen::New`] one is remembered as the client's, so call this only for a delivery
-    /// that goes to the client unless it is kept back for what this returns.
+    /// [`on_delivery_of`](Self::on_delivery_of) of a reply not parsed yet (the tests').
+    #[cfg(test)]
     pub fn on_delivery(&mut self, to: Recipient<'_>, reply: &[u8], now: Instant) -> Seen {
         if !is_delivery(reply) {
             return Seen::New;
         }
-        let Some(d) = AckRef::parse(reply) else {
-            return Seen::New;
-        };
+        match AckRef::parse(reply) {
+            Some(d) => self.on_delivery_of(to, &d, now),
+            None => Seen::New,
+        }
+    }
+
+    /// A delivery to `to` whose reply is `d`, at `now`: what it is to the client. A
+    /// [`Seen::New`] one is remembered as the client's, so call this only for a delivery
+    /// that goes to the client unless it is kept back for what this returns.
+    pub fn on_delivery_of(&mut self, to: Recipient<'_>, d: &AckRef<'_>, now: Instant) -> Seen {
         let c = self.consumer_mut(d.consumer);
         let fresh = Entry {
             stream_seq: d.stream_seq,

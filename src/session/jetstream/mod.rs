@@ -13,6 +13,7 @@
 //! amends the push consumer's heartbeats that would tell ([`heartbeat`]).
 
 pub mod acks;
+pub mod consuming;
 pub mod heartbeat;
 pub mod phase;
 pub mod request;

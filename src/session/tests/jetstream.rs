@@ -414,3 +414,55 @@ fn an_end_status_counts_a_hidden_redelivery_as_never_made() {
     );
     assert_eq!(h.s.pulls.len(), 0);
 }
+
+/// The client watch's facts come from the wire: a pull request (and its `expires`), each
+/// new delivery (fast path and full path), each ack; a re-sent copy the client never sees
+/// is not counted as held.
+#[test]
+fn pulls_deliveries_and_acks_feed_the_consumer_activity() {
+    let mut h = H::connected();
+    assert!(h.s.is_client_connected());
+    assert!(!h.s.consumes(), "connected, nothing consumed yet");
+    h.client(b"SUB _INBOX.p 1\r\n");
+    assert!(!h.s.consumes(), "an inbox is not consuming");
+    let t0 = h.now;
+    h.client(&pull_request("VEC", r#"{"batch":2,"expires":30000000000}"#));
+    assert!(h.s.consumes());
+    let c = &h.s.consuming().consumers()[0];
+    assert_eq!(&c.key[..], b"LOGS.VEC");
+    assert_eq!(c.pulled_at, Some(t0));
+    assert_eq!(c.waiting_until, Some(t0 + Duration::from_secs(30)));
+    assert_eq!(c.outstanding, 0);
+    let d = |seq: u64| {
+        format!(
+            "MSG logs.v 1 $JS.ACK.LOGS.VEC.1.{seq}.{seq}.17965383203100379{seq}.0 2\r\nm{seq}\r\n"
+        )
+        .into_bytes()
+    };
+    h.now += Duration::from_secs(1);
+    // The first goes the fast path; the second with a PING behind it, the full path.
+    let a = h.upstream(1, &d(1));
+    assert_eq!(to_client(&a), d(1), "{a:?}");
+    let mut wire = d(2);
+    wire.extend_from_slice(b"PING\r\n");
+    h.upstream(1, &wire);
+    assert_eq!(h.s.consuming().consumers()[0].outstanding, 2);
+    // The same delivery again: kept back, not held twice.
+    h.upstream(1, &d(2));
+    assert_eq!(h.s.consuming().consumers()[0].outstanding, 2);
+    h.now += Duration::from_secs(1);
+    h.client(b"PUB $JS.ACK.LOGS.VEC.1.1.1.179653832031003791.0 4\r\n+WPI\r\n");
+    let c = &h.s.consuming().consumers()[0];
+    assert_eq!(
+        (c.outstanding, c.acked_at),
+        (2, Some(h.now)),
+        "+WPI: work, not done"
+    );
+    h.client(b"PUB $JS.ACK.LOGS.VEC.1.1.1.179653832031003791.0 0\r\n\r\n");
+    h.client(b"PUB $JS.ACK.LOGS.VEC.1.2.2.179653832031003792.0 4\r\n-NAK\r\n");
+    assert_eq!(h.s.consuming().consumers()[0].outstanding, 0);
+    // A core subscription on a real subject is consuming too.
+    let mut h = H::connected();
+    h.client(b"SUB logs.> 1\r\n");
+    assert!(h.s.consumes());
+}
