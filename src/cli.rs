@@ -251,6 +251,13 @@ pub struct Opts {
     #[arg(long, env = "NATSPROXY_MAX_OUTAGE", global = true)]
     pub max_outage: Option<Text>,
 
+    /// GET /livez/client (on --metrics-listen) fails once a client that consumed has
+    /// had no connection, or one of its pull consumers no pull request, none waiting and
+    /// no ack, for this long; a client that holds a delivery it has not acked is only
+    /// reported as slow. 0 turns the check off. [default: 60s]
+    #[arg(long, env = "NATSPROXY_CLIENT_STALL_AFTER", global = true)]
+    pub client_stall_after: Option<Text>,
+
     /// Time connections get to finish on SIGTERM/SIGINT. [default: 5s]
     #[arg(long, env = "NATSPROXY_SHUTDOWN_GRACE", global = true)]
     pub shutdown_grace: Option<Text>,

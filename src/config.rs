@@ -18,6 +18,10 @@ pub const DEFAULT_MAX_CLIENT_PENDING: usize = 64 * 1024 * 1024;
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default time given to connections to finish on shutdown.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// Default time after which a client that left, or stopped pulling, is reported stopped
+/// by `/livez/client`: twice the 30 s pull expiry of async-nats, nats.go and nats.js,
+/// whose idle consumers pull again at least that often.
+pub const DEFAULT_CLIENT_STALL_AFTER: Duration = Duration::from_secs(60);
 
 pub use crate::auth::{ClientAuth, Credentials, NkeySeed};
 
@@ -281,6 +285,10 @@ pub struct Config {
     pub max_client_pending: usize,
     #[serde(serialize_with = "crate::session::as_millis")]
     pub shutdown_grace: Duration,
+    /// `/livez/client` reports a client stopped once it has been gone, or has not
+    /// consumed, this long (zero: never).
+    #[serde(serialize_with = "crate::session::as_millis")]
+    pub client_stall_after: Duration,
     #[serde(flatten)]
     pub upstream_tls: UpstreamTls,
     /// Each session's configuration. Its `upstreams` and, without credentials of its
@@ -305,6 +313,7 @@ impl Config {
             dial_burst: crate::proxy::budget::DEFAULT_DIAL_BURST,
             max_client_pending: DEFAULT_MAX_CLIENT_PENDING,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            client_stall_after: DEFAULT_CLIENT_STALL_AFTER,
             upstream_tls: UpstreamTls::default(),
             session: SessionConfig::default(),
         }

@@ -50,6 +50,21 @@ pub struct BufferLabel {
     pub buffer: &'static str,
 }
 
+/// `client` label: a client's CONNECT name (cut to 64 bytes; empty when it gave none).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClientLabel {
+    pub client: String,
+}
+
+/// `client` and `consumer` (`STREAM/CONSUMER`) labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConsumerLabel {
+    pub client: String,
+    pub consumer: String,
+}
+
+type SecondsFamily<L> = Family<L, Gauge<f64, AtomicU64>>;
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn duration_histogram() -> Histogram {
@@ -110,6 +125,15 @@ pub struct Stats {
     pub pull_replacement_seconds: Histogram,
     /// 1 when /readyz answers 200.
     pub ready: Gauge,
+    /// The client watch (`/livez/client`), set from it at each scrape: connections by
+    /// client name, and per consumer the seconds since its last pull request, since its
+    /// last sign of progress, and the deliveries it holds unacked.
+    pub client_connected: Family<ClientLabel, Gauge>,
+    pub client_consumer_pull_age: SecondsFamily<ConsumerLabel>,
+    pub client_consumer_idle: SecondsFamily<ConsumerLabel>,
+    pub client_consumer_unacked: Family<ConsumerLabel, Gauge>,
+    /// 1 when /livez/client answers 200.
+    pub client_live: Gauge,
     /// Longest lame-duck-INFO-to-switch time seen, in microseconds.
     pub max_switch_us: AtomicU64,
     /// The last [`RECENT_SWITCHES`] trigger-to-switch times (for percentiles in tests
@@ -236,6 +260,11 @@ impl Stats {
             pulls_unplaced: Gauge::default(),
             pull_replacement_seconds: duration_histogram(),
             ready: Gauge::default(),
+            client_connected: Family::default(),
+            client_consumer_pull_age: Family::default(),
+            client_consumer_idle: Family::default(),
+            client_consumer_unacked: Family::default(),
+            client_live: Gauge::default(),
             max_switch_us: AtomicU64::new(0),
             recent_switches: Default::default(),
             max_slow_consumer_pending: AtomicU64::new(0),
@@ -247,6 +276,7 @@ impl Stats {
         s.register_traffic(&mut r);
         s.register_sessions(&mut r);
         s.register_process(&mut r);
+        s.register_client_watch(&mut r);
         Stats { registry: r, ..s }
     }
 
@@ -450,6 +480,35 @@ impl Stats {
             "build_info",
             "1, labelled with the natsproxy version",
             build_info,
+        );
+    }
+
+    /// Registers the client watch's gauges (`/livez/client`).
+    fn register_client_watch(&self, r: &mut Registry) {
+        r.register(
+            "client_connected",
+            "Client connections open now, by the client's CONNECT name",
+            self.client_connected.clone(),
+        );
+        r.register(
+            "client_consumer_pull_age_seconds",
+            "Seconds since the client last sent a pull request for this JetStream consumer",
+            self.client_consumer_pull_age.clone(),
+        );
+        r.register(
+            "client_consumer_idle_seconds",
+            "Seconds since the client last showed progress on this consumer: a pull request sent or still waiting (to its expiry), an ack",
+            self.client_consumer_idle.clone(),
+        );
+        r.register(
+            "client_consumer_unacked",
+            "Deliveries of this consumer the client holds without having acked them (a slow downstream, or a stuck client)",
+            self.client_consumer_unacked.clone(),
+        );
+        r.register(
+            "client_live",
+            "1 when /livez/client answers 200 (every watched client connected and consuming, or slow)",
+            self.client_live.clone(),
         );
     }
 

@@ -146,6 +146,11 @@ impl Opts {
         s.max_hold_bytes = size(&self.max_hold, "max_hold", s.max_hold_bytes)?;
         c.connect_timeout = dur(&self.connect_timeout, "connect_timeout", c.connect_timeout)?;
         c.shutdown_grace = dur(&self.shutdown_grace, "shutdown_grace", c.shutdown_grace)?;
+        c.client_stall_after = dur(
+            &self.client_stall_after,
+            "client_stall_after",
+            c.client_stall_after,
+        )?;
         c.max_client_pending = size(
             &self.max_client_pending,
             "max_client_pending",

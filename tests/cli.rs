@@ -552,6 +552,10 @@ fn every_option_works_as_flag_env_and_file() {
             "max_outage = \"180000ms\"".into(),
         ),
         (
+            vec![("client-stall-after", "90s")],
+            "client_stall_after = \"90000ms\"".into(),
+        ),
+        (
             vec![("shutdown-grace", "7s")],
             "shutdown_grace = \"7000ms\"".into(),
         ),

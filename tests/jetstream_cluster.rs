@@ -303,11 +303,26 @@ fn spawn_python_consumer(url: String, seen: Shared) -> tokio::task::JoinHandle<(
     })
 }
 
+/// The client watch's bound in these runs: shorter than the R1 outage (40 s) and than
+/// any pause of the client's own pulls (async-nats: 30 s expiry, the request counting
+/// as waiting until then), so that `/livez/client` would fail if the proxy lost sight
+/// of a client that is consuming.
+const STALL_BOUND: Duration = Duration::from_secs(15);
+
+/// The proxy in front of the cluster, with `/livez/client` at [`STALL_BOUND`].
+async fn watched_proxy(cluster: &Cluster) -> TestProxy {
+    TestProxy::start_with(&cluster.urls(), |c| {
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.client_stall_after = STALL_BOUND;
+    })
+    .await
+}
+
 async fn rolling_restart_with(client: Client) {
     init_logs();
     let mut cluster = js_cluster().await;
     setup_stream(&cluster, 3, None).await;
-    let proxy = TestProxy::start(&cluster.urls()).await;
+    let proxy = watched_proxy(&cluster).await;
     let seen: Shared = Arc::default();
     let (seq, stop) = (
         Arc::new(AtomicU64::new(0)),
@@ -319,6 +334,7 @@ async fn rolling_restart_with(client: Client) {
         stop.clone(),
     );
     let consumer = spawn_consumer(client, proxy.url(), seen.clone());
+    let liveness = LivenessSampler::start(proxy.metrics_addr.unwrap());
     for i in 0..3 {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         cluster.lame_duck(i).unwrap();
@@ -336,6 +352,9 @@ async fn rolling_restart_with(client: Client) {
         published,
         Some(&proxy),
     );
+    liveness
+        .assert_live_throughout(&format!("rolling restart, {client:?} client"))
+        .await;
     consumer.abort();
 }
 
@@ -359,7 +378,7 @@ async fn r1_consumer_on_the_lame_duck_node_resumes_when_it_returns() {
     init_logs();
     let mut cluster = js_cluster().await;
     setup_stream(&cluster, 1, Some("n1")).await;
-    let proxy = TestProxy::start(&cluster.urls()).await;
+    let proxy = watched_proxy(&cluster).await;
     let seen: Shared = Arc::default();
     let (seq, stop) = (
         Arc::new(AtomicU64::new(0)),
@@ -371,6 +390,7 @@ async fn r1_consumer_on_the_lame_duck_node_resumes_when_it_returns() {
         stop.clone(),
     );
     let consumer = spawn_vector_consumer(proxy.url(), seen.clone());
+    let liveness = LivenessSampler::start(proxy.metrics_addr.unwrap());
     tokio::time::sleep(Duration::from_secs(2)).await;
     cluster.lame_duck(0).unwrap();
     cluster.wait_exit(0, Duration::from_secs(40)).await.unwrap();
@@ -417,6 +437,9 @@ async fn r1_consumer_on_the_lame_duck_node_resumes_when_it_returns() {
         published,
         Some(&proxy),
     );
+    liveness
+        .assert_live_throughout("R1 outage of 40 s, bound 15 s")
+        .await;
     consumer.abort();
 }
 

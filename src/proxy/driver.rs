@@ -29,6 +29,7 @@ use tracing::{debug, info, warn};
 use super::dial::{DialError, DialStage, Dialer};
 use super::report::{self, Holding, Reported};
 use super::tls::UpstreamIo;
+use super::watch::{ClientWatch, Member};
 use super::Stats;
 use crate::config::Config;
 use crate::session::{Action, CloseReason, Epoch, Session};
@@ -125,6 +126,10 @@ enum Event {
 
 struct Driver<'a> {
     cfg: &'a Config,
+    /// This client in the client watch (`/livez/client`).
+    member: Member<'a>,
+    /// When the watch is due the session's activity held back by its report interval.
+    watch_due: Option<Instant>,
     dialer: &'a Arc<Dialer>,
     stats: &'a Stats,
     session: Session,
@@ -144,17 +149,32 @@ struct Driver<'a> {
     named: bool,
 }
 
-/// Serves one client until it or the session closes, or shutdown.
+/// The process-wide parts a driver works with.
+pub(super) struct Shared<'a> {
+    pub cfg: &'a Config,
+    pub dialer: &'a Arc<Dialer>,
+    pub stats: &'a Stats,
+    pub watch: &'a ClientWatch,
+}
+
+/// Serves client connection `conn` until it or the session closes, or shutdown.
 pub(super) async fn serve(
     stream: TcpStream,
-    cfg: &Config,
-    dialer: &Arc<Dialer>,
-    stats: &Stats,
+    conn: u64,
+    shared: Shared<'_>,
     shutdown: CancellationToken,
 ) {
+    let Shared {
+        cfg,
+        dialer,
+        stats,
+        watch,
+    } = shared;
     let now = Instant::now();
     let mut d = Driver {
         cfg,
+        member: Member::new(watch, conn, now.into_std()),
+        watch_due: None,
         dialer,
         stats,
         session: Session::new(cfg.session(), now.into_std()),
@@ -175,6 +195,7 @@ pub(super) async fn serve(
     let reason = d.run(shutdown).await;
     d.sync_stats();
     d.unreport();
+    d.member.leave(Instant::now().into_std());
     let s = d.session.stats();
     info!(
         ?reason,
@@ -202,10 +223,12 @@ impl Driver<'_> {
             self.sync_stats();
             self.arm_timer();
             let ev = std::future::poll_fn(|cx| self.poll_event(cx, cancelled.as_mut())).await;
-            if let Some(reason) = self.handle(ev, Instant::now().into_std()) {
+            let now = Instant::now();
+            if let Some(reason) = self.handle(ev, now.into_std()) {
                 return self.close(reason).await;
             }
             self.fire_late_timer();
+            self.report_to_watch(now);
         }
     }
 
@@ -327,6 +350,25 @@ impl Driver<'_> {
         }
     }
 
+    /// Tells the client watch what the session saw the client do: it joins once the
+    /// client connected; what changed is copied at most every `REPORT_EVERY` (two
+    /// compares when nothing did), the rest at the timer armed for it.
+    fn report_to_watch(&mut self, now: Instant) {
+        if !self.member.joined() {
+            if !self.session.is_client_connected() {
+                return;
+            }
+            self.member
+                .join(self.session.client_name().unwrap_or_default());
+        }
+        let due = self.watch_due.is_some_and(|t| t <= now);
+        let s = &self.session;
+        self.watch_due = self
+            .member
+            .report(s.consumes(), s.consuming(), now.into_std(), due)
+            .map(Instant::from_std);
+    }
+
     /// The clock is checked after every event, as quinn's endpoint does: the timer is
     /// polled last and tokio's cooperative budget can keep it from firing while a socket
     /// stays readable, so under a flood the deadlines would come late. The deadline
@@ -361,7 +403,11 @@ impl Driver<'_> {
     }
 
     fn arm_timer(&mut self) {
-        let want = self.session.poll_timeout().map(Instant::from_std);
+        let session = self.session.poll_timeout().map(Instant::from_std);
+        let want = match (session, self.watch_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         if want != self.timer_at {
             self.timer_at = want;
             if let Some(t) = want {

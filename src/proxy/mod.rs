@@ -7,6 +7,7 @@ mod driver;
 mod http;
 mod report;
 mod tls;
+pub mod watch;
 
 use std::io;
 use std::net::SocketAddr;
@@ -67,6 +68,7 @@ pub struct Proxy {
     cfg: Arc<Config>,
     dialer: Arc<dial::Dialer>,
     stats: Arc<Stats>,
+    watch: Arc<watch::ClientWatch>,
 }
 
 impl Proxy {
@@ -93,6 +95,7 @@ impl Proxy {
         Ok(Proxy {
             listener,
             metrics,
+            watch: Arc::new(watch::ClientWatch::new(cfg.client_stall_after)),
             cfg: Arc::new(cfg),
             dialer: Arc::new(dialer),
             stats: Arc::default(),
@@ -112,6 +115,11 @@ impl Proxy {
     /// Shared counters.
     pub fn stats(&self) -> Arc<Stats> {
         self.stats.clone()
+    }
+
+    /// The client watch behind `/livez/client`.
+    pub fn client_watch(&self) -> Arc<watch::ClientWatch> {
+        self.watch.clone()
     }
 
     /// Accepts clients until `shutdown` fires; then stops accepting (and reports not
@@ -136,8 +144,11 @@ impl Proxy {
             ));
             endpoints.spawn(http::serve(
                 l,
-                self.stats.clone(),
-                ready.clone(),
+                http::State {
+                    stats: self.stats.clone(),
+                    ready: ready.clone(),
+                    watch: self.watch.clone(),
+                },
                 hard.clone(),
             ));
         }
@@ -190,12 +201,20 @@ impl Proxy {
             let cfg = self.cfg.clone();
             let dialer = self.dialer.clone();
             let stats = self.stats.clone();
+            let watch = self.watch.clone();
             let token = hard.child_token();
             let span = tracing::info_span!("client", conn = conn_id, %peer, client = tracing::field::Empty);
+            let conn = conn_id;
             clients.spawn(
                 async move {
                     stats.clients_active.inc();
-                    driver::serve(stream, &cfg, &dialer, &stats, token).await;
+                    let shared = driver::Shared {
+                        cfg: &cfg,
+                        dialer: &dialer,
+                        stats: &stats,
+                        watch: &watch,
+                    };
+                    driver::serve(stream, conn, shared, token).await;
                     stats.clients_active.dec();
                     drop(permit);
                 }

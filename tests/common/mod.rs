@@ -321,3 +321,69 @@ pub async fn roundtrip(c: &async_nats::Client, subject: &str) {
     )
     .await;
 }
+
+/// A GET on loopback within 2 s: the status code and the body, or None.
+pub async fn http_status(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let fut = async {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+            .await
+            .ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).to_string();
+        let code = text.get(9..12)?.parse().ok()?;
+        let (_, body) = text.split_once("\r\n\r\n")?;
+        Some((code, body.to_string()))
+    };
+    tokio::time::timeout(Duration::from_secs(2), fut)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// An answer of `/livez/client` that was not 200: when (since the sampler started), the
+/// status (0: no answer) and the body.
+pub type NotLive = (Duration, u16, String);
+
+/// Asks `/livez/client` every 250 ms until stopped; keeps every answer that was not 200.
+pub struct LivenessSampler {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<(usize, Vec<NotLive>)>,
+}
+
+impl LivenessSampler {
+    pub fn start(metrics: SocketAddr) -> LivenessSampler {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let task = tokio::spawn(async move {
+            let t0 = std::time::Instant::now();
+            let (mut asked, mut bad) = (0, Vec::new());
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                asked += 1;
+                match http_status(metrics, "/livez/client").await {
+                    Some((200, _)) => {}
+                    Some((code, body)) => bad.push((t0.elapsed(), code, body)),
+                    None => bad.push((t0.elapsed(), 0, "no answer".into())),
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            (asked, bad)
+        });
+        LivenessSampler { stop, task }
+    }
+
+    /// Stops; panics unless every answer was 200 (and there were some).
+    pub async fn assert_live_throughout(self, what: &str) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (asked, bad) = within(Duration::from_secs(5), "the liveness sampler", self.task)
+            .await
+            .unwrap();
+        println!(
+            "{what}: /livez/client asked {asked} times, {} not 200",
+            bad.len()
+        );
+        assert!(asked > 10, "{what}: /livez/client asked only {asked} times");
+        assert!(bad.is_empty(), "{what}: /livez/client failed: {bad:?}");
+    }
+}
