@@ -3,6 +3,8 @@
  * message. core mode: a synchronous subscription. Any disconnect, reconnect or library
  * error (other than a Fetch that found nothing in time) is counted and fails the run.
  * Payloads are numbers 1..EXPECT; "p" is a probe (answered with PROBED, once).
+ * STALL_AT=N STALL_SECS=S (environment): a blocked downstream, the N-th message's
+ * handling (before its ack) blocks S seconds once, between STALLED and RESUMED on stdout.
  *
  * usage: consumer js URL STREAM CONSUMER EXPECT DEADLINE_SECS
  *        consumer core URL SUBJECT - EXPECT DEADLINE_SECS
@@ -54,6 +56,20 @@ static int expect, received, dups, errors, probed;
 static char *seen;
 static char **first_reply;
 static int64_t last, max_gap, resume;
+
+static int stall_at, stall_secs;
+
+/* The blocked downstream of STALL_AT / STALL_SECS, once. */
+static void stall(void) {
+    if (stall_at > 0 && received == stall_at) {
+        stall_at = 0;
+        printf("STALLED\n");
+        fflush(stdout);
+        nats_Sleep((int64_t)stall_secs * 1000);
+        printf("RESUMED\n");
+        fflush(stdout);
+    }
+}
 
 static void record(natsMsg *m) {
     char buf[32] = {0};
@@ -130,6 +146,8 @@ int main(int argc, char **argv) {
     }
     printf("READY\n");
     fflush(stdout);
+    stall_at = getenv("STALL_AT") ? atoi(getenv("STALL_AT")) : 0;
+    stall_secs = getenv("STALL_SECS") ? atoi(getenv("STALL_SECS")) : 0;
     seen = calloc((size_t)expect + 1, 1);
     first_reply = calloc((size_t)expect + 1, sizeof(char *));
     last = nats_Now();
@@ -157,6 +175,7 @@ int main(int argc, char **argv) {
         }
         for (int i = 0; i < list.Count; i++) {
             record(list.Msgs[i]);
+            stall();
             if (natsMsg_Ack(list.Msgs[i], NULL) != NATS_OK) {
                 errors++;
                 fprintf(stderr, "ERROR ack\n");

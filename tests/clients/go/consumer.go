@@ -3,6 +3,8 @@
 // plain subscription. Any disconnect, reconnect or library error (other than a Fetch
 // that found nothing before MaxWait) is counted and fails the run. Payloads are
 // numbers 1..EXPECT; "p" is a probe (answered with PROBED on stdout, once).
+// STALL_AT=N STALL_SECS=S (environment): a blocked downstream, the N-th message's
+// handling (before its ack) blocks S seconds once, between STALLED and RESUMED on stdout.
 //
 // usage: consumer js URL STREAM CONSUMER EXPECT DEADLINE_SECS
 //        consumer core URL SUBJECT - EXPECT DEADLINE_SECS
@@ -52,6 +54,16 @@ func main() {
 	last := time.Now()
 	deadline := time.Now().Add(time.Duration(secs) * time.Second)
 	firstReply := map[int]string{}
+	stallAt, _ := strconv.Atoi(os.Getenv("STALL_AT"))
+	stallSecs, _ := strconv.Atoi(os.Getenv("STALL_SECS"))
+	stall := func() {
+		if stallAt > 0 && len(seen) == stallAt {
+			stallAt = 0
+			fmt.Println("STALLED")
+			time.Sleep(time.Duration(stallSecs) * time.Second)
+			fmt.Println("RESUMED")
+		}
+	}
 	record := func(data []byte, reply string) {
 		if string(data) == "p" {
 			if !probed {
@@ -117,6 +129,7 @@ func main() {
 			}
 			for _, m := range msgs {
 				record(m.Data, m.Reply)
+				stall()
 				if err := m.Ack(); err != nil {
 					errs++
 					fmt.Fprintf(os.Stderr, "ERROR ack: %v\n", err)

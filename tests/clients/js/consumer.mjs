@@ -4,7 +4,9 @@
 // chosen by the first argument. Any disconnect, reconnect or consumer status that
 // reports trouble (heartbeats_missed, no_responders, consumer_not_found, ...) is
 // counted and fails the run. Payloads are numbers 1..EXPECT; "p" is a probe (answered
-// with PROBED, once).
+// with PROBED, once). STALL_AT=N STALL_SECS=S (environment): a blocked downstream,
+// the N-th message's handling (before its ack) blocks S seconds once, between STALLED
+// and RESUMED on stdout.
 //
 // usage: node consumer.mjs v3|v2 js URL STREAM CONSUMER EXPECT DEADLINE_SECS
 //        node consumer.mjs v3|v2 core URL SUBJECT - EXPECT DEADLINE_SECS
@@ -12,6 +14,8 @@
 const [flavour, mode, url, stream, durable, expectS, secsS] = process.argv.slice(2);
 const expect = Number(expectS);
 const deadline = Date.now() + Number(secsS) * 1000;
+let stallAt = Number(process.env.STALL_AT ?? 0);
+const stallSecs = Number(process.env.STALL_SECS ?? 0);
 
 let connect, jetstream;
 if (flavour === "v3") {
@@ -90,6 +94,12 @@ for await (const m of iter) {
     firstReply.set(n, m.reply ?? "");
   }
   seen.add(n);
+  if (stallAt > 0 && seen.size === stallAt) {
+    stallAt = 0;
+    console.log("STALLED");
+    await new Promise((r) => setTimeout(r, stallSecs * 1000));
+    console.log("RESUMED");
+  }
   if (mode !== "core") m.ack();
   if (seen.size >= expect) break;
 }

@@ -2,6 +2,8 @@
 fetch(64, timeout=1) and ack each message; core mode: a plain subscription. A fetch that
 times out with nothing is normal; any other error, disconnect or reconnect is counted and
 fails the run. Payloads are numbers 1..EXPECT; "p" is a probe (answered with PROBED, once).
+STALL_AT=N STALL_SECS=S (environment): a blocked downstream, the N-th message's handling
+(before its ack) blocks S seconds once, between STALLED and RESUMED on stdout.
 
 usage: consumer.py js URL STREAM CONSUMER EXPECT DEADLINE_SECS
        consumer.py core URL SUBJECT - EXPECT DEADLINE_SECS
@@ -9,6 +11,7 @@ prints: RESULT received=N dups=N errors=N disconnects=N max_gap_ms=N resume_unix
 """
 
 import asyncio
+import os
 import sys
 import time
 
@@ -58,6 +61,7 @@ async def main(mode, url, stream, durable, expect, secs):
         state["seen"].add(n)
 
     deadline = time.time() + secs
+    stall = {"at": int(os.environ.get("STALL_AT", 0)), "secs": int(os.environ.get("STALL_SECS", 0))}
     if mode == "core":
         sub = await nc.subscribe(stream)
         await nc.flush()
@@ -83,6 +87,11 @@ async def main(mode, url, stream, durable, expect, secs):
                 continue
             for m in msgs:
                 record(m.data, m.reply)
+                if stall["at"] and len(state["seen"]) == stall["at"]:
+                    stall["at"] = 0
+                    print("STALLED", flush=True)
+                    await asyncio.sleep(stall["secs"])
+                    print("RESUMED", flush=True)
                 await m.ack()
     seen, dups = state["seen"], state["dups"]
     max_gap, resume = state["max_gap"], state["resume"]
