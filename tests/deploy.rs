@@ -56,14 +56,32 @@ fn kubernetes_and_helm_files_embed_the_same_vector_config() {
         .find(|d| d["kind"] == "Deployment")
         .expect("Deployment");
     let pod = &dep["spec"]["template"]["spec"];
-    assert!(
-        pod["containers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|c| c["name"] == "vector"),
-        "Vector is the main container"
-    );
+    let vector_container = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "vector")
+        .expect("Vector is the main container");
+    // Issue 34: Kubernetes restarts Vector when natsproxy says its pipeline stopped.
+    for (what, probe) in [
+        ("Deployment", &vector_container["livenessProbe"]),
+        ("Helm values", &helm["livenessProbe"]),
+    ] {
+        assert_eq!(probe["httpGet"]["path"], "/livez/client", "{what}");
+        assert_eq!(
+            probe["httpGet"]["port"], 9464,
+            "{what}: natsproxy's metrics port"
+        );
+        let (period, failures) = (
+            probe["periodSeconds"].as_u64(),
+            probe["failureThreshold"].as_u64(),
+        );
+        assert_eq!(
+            (period, failures),
+            (Some(10), Some(3)),
+            "{what}: the README's 90 s"
+        );
+    }
     let sidecars = [
         pod["initContainers"]
             .as_array()
