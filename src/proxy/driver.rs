@@ -128,8 +128,6 @@ struct Driver<'a> {
     cfg: &'a Config,
     /// This client in the client watch (`/livez/client`).
     member: Member<'a>,
-    /// When the watch is due the session's activity held back by its report interval.
-    watch_due: Option<Instant>,
     dialer: &'a Arc<Dialer>,
     stats: &'a Stats,
     session: Session,
@@ -174,7 +172,6 @@ pub(super) async fn serve(
     let mut d = Driver {
         cfg,
         member: Member::new(watch, conn, now.into_std()),
-        watch_due: None,
         dialer,
         stats,
         session: Session::new(cfg.session(), now.into_std()),
@@ -228,7 +225,7 @@ impl Driver<'_> {
                 return self.close(reason).await;
             }
             self.fire_late_timer();
-            self.report_to_watch(now);
+            self.member.observe(&self.session, now.into_std());
         }
     }
 
@@ -350,25 +347,6 @@ impl Driver<'_> {
         }
     }
 
-    /// Tells the client watch what the session saw the client do: it joins once the
-    /// client connected; what changed is copied at most every `REPORT_EVERY` (two
-    /// compares when nothing did), the rest at the timer armed for it.
-    fn report_to_watch(&mut self, now: Instant) {
-        if !self.member.joined() {
-            if !self.session.is_client_connected() {
-                return;
-            }
-            self.member
-                .join(self.session.client_name().unwrap_or_default());
-        }
-        let due = self.watch_due.is_some_and(|t| t <= now);
-        let s = &self.session;
-        self.watch_due = self
-            .member
-            .report(s.consumes(), s.consuming(), now.into_std(), due)
-            .map(Instant::from_std);
-    }
-
     /// The clock is checked after every event, as quinn's endpoint does: the timer is
     /// polled last and tokio's cooperative budget can keep it from firing while a socket
     /// stays readable, so under a flood the deadlines would come late. The deadline
@@ -404,7 +382,8 @@ impl Driver<'_> {
 
     fn arm_timer(&mut self) {
         let session = self.session.poll_timeout().map(Instant::from_std);
-        let want = match (session, self.watch_due) {
+        let watch = self.member.due().map(Instant::from_std);
+        let want = match (session, watch) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };

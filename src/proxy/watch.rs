@@ -33,7 +33,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::metrics::{ClientLabel, ConsumerLabel, Stats};
-use crate::session::{ConsumerActivity, Consuming};
+use crate::session::{ConsumerActivity, Consuming, Session};
 
 /// How often a driver copies its session's consumer activity here (when it changed).
 pub const REPORT_EVERY: Duration = Duration::from_secs(1);
@@ -339,6 +339,8 @@ pub struct Member<'a> {
     reported: u64,
     consumes: bool,
     next_report: Instant,
+    /// When activity held back by the report interval is to be copied.
+    due: Option<Instant>,
 }
 
 impl<'a> Member<'a> {
@@ -350,7 +352,27 @@ impl<'a> Member<'a> {
             reported: 0,
             consumes: false,
             next_report: now,
+            due: None,
         }
+    }
+
+    /// Tells the watch what `session` saw its client do: it joins once the client
+    /// connected; what changed is copied at most every [`REPORT_EVERY`] (two compares
+    /// when nothing did), the rest at [`due`](Self::due).
+    pub fn observe(&mut self, session: &Session, now: Instant) {
+        if self.name.is_none() {
+            if !session.is_client_connected() {
+                return;
+            }
+            self.join(session.client_name().unwrap_or_default());
+        }
+        let force = self.due.is_some_and(|t| t <= now);
+        self.due = self.report(session.consumes(), session.consuming(), now, force);
+    }
+
+    /// When [`observe`](Self::observe) has held-back activity to copy.
+    pub fn due(&self) -> Option<Instant> {
+        self.due
     }
 
     /// Joined yet?
