@@ -11,7 +11,7 @@
 //! Paths: decode-msg, decode-hmsg, decode-pub, session-msg (decode, route by sid,
 //! relay), session-pub (decode, keep until confirmed, relay, confirm).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use natsproxy::proto::{encode, ClientDecoder, Limits, ServerDecoder};
@@ -24,12 +24,15 @@ const FRAMES: usize = 20_000;
 const PASSES: usize = 5;
 const READ: usize = 64 * 1024;
 
-fn msg(headers: bool) -> Vec<u8> {
+/// A frame of the stream: the `n`-th JetStream delivery (each its own sequence, fixed
+/// width so every frame has one length: the session keeps back a delivery sent again).
+fn msg(headers: bool, n: usize) -> Vec<u8> {
     let h: &[u8] = b"NATS/1.0\r\nA: b\r\n\r\n";
+    let reply = format!("$JS.ACK.LOGS.C.1.{n:06}.{n:06}.1795971532879267765.0");
     encode::msg(
         b"logs.app.v1",
         b"1",
-        Some(b"$JS.ACK.LOGS.C.1.5.5.1795971532879267765.0"),
+        Some(reply.as_bytes()),
         headers.then_some(h),
         &[b'x'; 128],
     )
@@ -58,13 +61,16 @@ fn main() {
     let repeats: usize = args
         .next()
         .map_or(1, |r| r.parse().expect("repeats: a number"));
-    let frame = match path.as_str() {
-        "decode-msg" | "session-msg" => msg(false),
-        "decode-hmsg" => msg(true),
-        "decode-pub" | "session-pub" => publish(),
-        other => panic!("unknown path {other}"),
-    };
-    let stream = frame.repeat(FRAMES);
+    let frames: Vec<Vec<u8>> = (1..=FRAMES)
+        .map(|n| match path.as_str() {
+            "decode-msg" | "session-msg" => msg(false, n),
+            "decode-hmsg" => msg(true, n),
+            "decode-pub" | "session-pub" => publish(),
+            other => panic!("unknown path {other}"),
+        })
+        .collect();
+    let frame = frames[0].clone();
+    let stream = frames.concat();
     if repeats == 1 {
         let count = run(&path, &stream, frame.len());
         assert_eq!(count, FRAMES * PASSES, "{path}: every frame through");
@@ -119,9 +125,11 @@ fn run(path: &str, stream: &[u8], frame_len: usize) -> usize {
         }
         "session-msg" => {
             let (mut s, epoch) = connected_session("logs.>");
-            let now = Instant::now();
+            let mut now = Instant::now();
             let mut wbuf = BytesMut::with_capacity(1 << 20);
             for _ in 0..PASSES {
+                // Past the re-send window: the stream's deliveries are new again.
+                now += Duration::from_secs(11);
                 feed(stream, |buf| {
                     s.handle_upstream_bytes(epoch, buf, now);
                     s.take_client_output(&mut wbuf);

@@ -1,6 +1,9 @@
 //! What the session asks its driver to do.
 
 use bytes::Bytes;
+use std::collections::VecDeque;
+
+use super::stats::{SessionEvent, MAX_EVENTS};
 
 /// Generation number of an upstream connection. Every dial gets a new one; anything that
 /// arrives from an epoch that is no longer live is ignored, never routed.
@@ -46,4 +49,30 @@ pub enum Action {
     CloseUpstream(Epoch),
     /// Flush what is queued for the client, then close it.
     CloseClient(CloseReason),
+}
+
+/// What the session has for its driver: actions, in order, and events for metrics.
+///
+/// Actions are drained after every event handled (the call order in [`super::Session`]),
+/// so they stay few; events are bounded by [`MAX_EVENTS`], the oldest dropped past it
+/// (metrics lose a sample, nothing else depends on them).
+#[derive(Debug, Default)]
+pub(super) struct Outbox {
+    pub(super) actions: VecDeque<Action>,
+    events: VecDeque<SessionEvent>,
+}
+
+impl Outbox {
+    /// Queues an event for metrics.
+    pub(super) fn event(&mut self, e: SessionEvent) {
+        if self.events.len() >= MAX_EVENTS {
+            self.events.pop_front();
+        }
+        self.events.push_back(e);
+    }
+
+    /// The next event for metrics.
+    pub(super) fn poll_event(&mut self) -> Option<SessionEvent> {
+        self.events.pop_front()
+    }
 }

@@ -7,6 +7,7 @@ use tracing::{debug, info, warn};
 
 use super::action::{Action, CloseReason};
 use super::backlog::Pending;
+use super::client_side::ClientState;
 use super::dedup;
 use super::jetstream::acks::{AckRef, Seen};
 use super::jetstream::{self, Shield};
@@ -14,17 +15,17 @@ use super::link::{Link, LinkState};
 use super::links::Role;
 use super::phase::{Phase, Step};
 use super::replies::Ready;
-use super::{ClientState, Session};
+use super::Session;
 use crate::proto::{encode, subject, ClientOp, Message, ProtoError};
 
 impl Session {
     /// Handles one decoded client op.
     pub(super) fn handle_client_op(&mut self, op: ClientOp, now: Instant) {
         self.now = now;
-        if matches!(self.client_state, ClientState::Closed | ClientState::Ending) {
+        if matches!(self.client.state, ClientState::Closed | ClientState::Ending) {
             return;
         }
-        if !matches!(op, ClientOp::Connect(_)) && self.client_state != ClientState::Connected {
+        if !matches!(op, ClientOp::Connect(_)) && self.client.state != ClientState::Connected {
             if self.cfg.client_auth.is_some() {
                 // nats-server, when it requires authentication, takes nothing before CONNECT.
                 return self.close_with_err("Authorization Violation", CloseReason::ClientProtocol);
@@ -44,7 +45,7 @@ impl Session {
                 if !subject::is_valid_subject(&subject) {
                     return self.local_err(encode::err("Invalid Subject"));
                 }
-                self.subscribed |= !subject.starts_with(b"_INBOX.");
+                self.client.subscribed |= !subject.starts_with(b"_INBOX.");
                 if self.subs.subscribe(sid, subject, queue) {
                     self.send_sub_op(raw, false);
                 }
@@ -53,7 +54,7 @@ impl Session {
             ClientOp::Unsub { raw, sid, max } => {
                 self.subs.unsubscribe(&sid, max);
                 if self.subs.get(&sid).is_none() {
-                    self.pulls.unsubscribed(&sid);
+                    self.js.pulls.unsubscribed(&sid);
                 }
                 self.send_sub_op(raw, true);
                 // It may have been the last one the retiring link kept.
@@ -72,7 +73,7 @@ impl Session {
     }
 
     pub(super) fn on_connect(&mut self, json: &[u8]) {
-        match self.opts.apply_connect(json) {
+        match self.client.opts.apply_connect(json) {
             Ok(mut o) => {
                 if let Some(auth) = &self.cfg.client_auth {
                     if !auth.admits(&o) {
@@ -85,9 +86,9 @@ impl Session {
                     // The client's proxy credentials are not the cluster's.
                     (o.user, o.pass, o.auth_token) = (None, None, None);
                 }
-                self.opts = o;
-                self.client_dec.set_headers(self.opts.headers);
-                if self.client_state != ClientState::Connected {
+                self.client.opts = o;
+                self.client.dec.set_headers(self.client.opts.headers);
+                if self.client.state != ClientState::Connected {
                     self.client_connected();
                 }
                 self.reply_ok();
@@ -102,16 +103,17 @@ impl Session {
     pub(super) fn on_pub(&mut self, m: Message) {
         self.stats.msgs_to_upstream += 1;
         if let Some(consumer) =
-            self.deliveries
+            self.js
+                .deliveries
                 .on_client_publish(m.subject(), m.payload(), self.now)
         {
-            self.consuming.acked(consumer, m.payload(), self.now);
+            self.js.consuming.acked(consumer, m.payload(), self.now);
         }
-        if self.opts.pedantic && !subject::is_valid_literal_subject(m.subject()) {
+        if self.client.opts.pedantic && !subject::is_valid_literal_subject(m.subject()) {
             // nats-server complains but still processes the message.
             self.local_err(encode::err("Invalid Publish Subject"));
         }
-        if !self.opts.echo {
+        if !self.client.opts.echo {
             if let Some(d) = self.overlap.live_mut() {
                 let fp = dedup::fingerprint(m.subject(), m.reply(), m.headers(), m.payload());
                 d.own_publish(self.subs.matching(m.subject()), fp);
@@ -119,13 +121,18 @@ impl Session {
         }
         if let (Some(reply), true) = (m.reply(), jetstream::is_pull_subject(m.subject())) {
             let expires = jetstream::request::parse_body(m.payload()).and_then(|b| b.expires);
-            self.consuming.pulled(m.subject(), expires, self.now);
+            self.js.consuming.pulled(m.subject(), expires, self.now);
             if let Some(sid) = self.subs.sid_for(reply) {
                 let headers = m.has_headers().then(|| m.headers());
-                let rewritten =
-                    self.pulls
-                        .on_request(m.subject(), reply, sid, headers, m.payload(), self.now);
-                debug!(subject = %String::from_utf8_lossy(m.subject()), body = %String::from_utf8_lossy(&m.payload()[..m.payload().len().min(120)]), rewritten = rewritten.is_some(), tracked = self.pulls.len(), "pull request");
+                let rewritten = self.js.pulls.on_request(
+                    m.subject(),
+                    reply,
+                    sid,
+                    headers,
+                    m.payload(),
+                    self.now,
+                );
+                debug!(subject = %String::from_utf8_lossy(m.subject()), body = %String::from_utf8_lossy(&m.payload()[..m.payload().len().min(120)]), rewritten = rewritten.is_some(), tracked = self.js.pulls.len(), "pull request");
                 // Tracked requests are not kept as unconfirmed publishes: the tracker
                 // re-issues them itself when they are lost.
                 self.send_publish(Pending::Untracked(rewritten.unwrap_or(m.raw)));
@@ -140,18 +147,18 @@ impl Session {
     pub(super) fn on_client_ping(&mut self) {
         let primary_ready = self.links.primary().is_some_and(Link::established);
         if primary_ready || self.switching() || self.starting() {
-            self.replies.push_pong();
+            self.client.replies.push_pong();
             self.send_publish(Pending::Ping);
         } else {
             // Outage: keep the client alive; nothing upstream can answer.
-            self.replies.push_pong();
-            self.replies.pong_arrived();
+            self.client.replies.push_pong();
+            self.client.replies.pong_arrived();
             self.flush_replies();
         }
     }
 
     pub(super) fn client_connected(&mut self) {
-        self.client_state = ClientState::Connected;
+        self.client.state = ClientState::Connected;
         for role in [Role::Primary, Role::Standby] {
             if self
                 .link(role)
@@ -175,52 +182,52 @@ impl Session {
     /// An `-ERR` the proxy makes itself; after the replies still owed, as the server
     /// would answer.
     pub(super) fn local_err(&mut self, line: Bytes) {
-        if self.replies.push_err(line.clone(), None) {
+        if self.client.replies.push_err(line.clone(), None) {
             self.send_client(line);
         }
     }
 
     /// `line` (empty: a silent close) and the close, after the replies still owed.
     pub(super) fn fatal_err(&mut self, line: Bytes, reason: CloseReason) {
-        if self.replies.push_err(line.clone(), Some(reason)) {
+        if self.client.replies.push_err(line.clone(), Some(reason)) {
             self.send_client(line);
             return self.close_client(reason);
         }
-        self.client_state = ClientState::Ending;
+        self.client.state = ClientState::Ending;
     }
 
     pub(super) fn close_client(&mut self, reason: CloseReason) {
-        if self.client_state == ClientState::Closed {
+        if self.client.is_closed() {
             return;
         }
-        self.client_state = ClientState::Closed;
-        self.flush_err_log();
+        self.client.state = ClientState::Closed;
+        self.dialing.flush_err_log();
         // What the overlap counted is the session's, also when it ends with the client.
         self.overlap.end_all();
         for l in self.links.take_all().into_iter().flatten() {
-            self.actions.push_back(Action::CloseUpstream(l.epoch));
+            self.out.actions.push_back(Action::CloseUpstream(l.epoch));
         }
-        self.actions.push_back(Action::CloseClient(reason));
+        self.out.actions.push_back(Action::CloseClient(reason));
     }
 
     pub(super) fn send_client(&mut self, b: Bytes) {
-        if self.client_state != ClientState::Closed {
-            self.client_out.extend_from_slice(&b);
+        if !self.client.is_closed() {
+            self.client.out.extend_from_slice(&b);
         }
     }
 
     pub(super) fn reply_ok(&mut self) {
-        if self.opts.verbose && self.replies.push_ok() {
+        if self.client.opts.verbose && self.client.replies.push_ok() {
             self.send_client(Bytes::from_static(encode::OK));
         }
     }
 
     pub(super) fn flush_replies(&mut self) {
-        while let Some(r) = self.replies.pop_ready() {
+        while let Some(r) = self.client.replies.pop_ready() {
             match r {
                 Ready::Pong => {
                     self.send_client(Bytes::from_static(encode::PONG));
-                    if !std::mem::replace(&mut self.first_pong_sent, true) {
+                    if !std::mem::replace(&mut self.client.first_pong_sent, true) {
                         if let Some(info) = self.connect_info_for_client() {
                             self.send_client(info);
                         }
@@ -240,7 +247,7 @@ impl Session {
     /// Counts a message and relays it to the client.
     pub(super) fn deliver(&mut self, m: Message) {
         if m.has_headers()
-            && !self.opts.no_responders
+            && !self.client.opts.no_responders
             && m.status() == Some(503)
             && m.payload().is_empty()
         {
@@ -251,8 +258,8 @@ impl Session {
         if seen != Seen::New {
             return self.keep_back(&m, seen);
         }
-        if !self.pulls.is_empty() {
-            let shield = self.pulls.on_message(&m, self.now);
+        if !self.js.pulls.is_empty() {
+            let shield = self.js.pulls.on_message(&m, self.now);
             self.report_replaced_pulls();
             if tracing::enabled!(tracing::Level::DEBUG) {
                 if let Some(code) = m.status().filter(|&c| c != 100) {
@@ -261,7 +268,7 @@ impl Session {
             }
             match shield {
                 Shield::Forward => {}
-                Shield::Amended(b) if self.opts.headers => {
+                Shield::Amended(b) if self.client.opts.headers => {
                     self.subs.delivered(m.sid());
                     self.stats.msgs_to_client += 1;
                     self.send_client(b);
@@ -279,7 +286,7 @@ impl Session {
         }
         self.subs.delivered(m.sid());
         self.stats.msgs_to_client += 1;
-        if m.has_headers() && !self.opts.headers {
+        if m.has_headers() && !self.client.opts.headers {
             // What nats-server does for clients without header support: strip them.
             let b = encode::msg(m.subject(), m.sid(), m.reply(), None, m.payload());
             self.send_client(b);
@@ -305,11 +312,12 @@ impl Session {
             self.stats.redeliveries_acked += 1;
             self.send_publish(Pending::Data(encode::publish(reply, None, None, b"")));
         }
-        if !self.pulls.is_empty() {
-            self.pulls
+        if !self.js.pulls.is_empty() {
+            self.js
+                .pulls
                 .on_hidden_delivery(m.sid(), m.total_len(), self.now);
         }
-        if seen == Seen::Redelivered && !self.pulls.tracks(m.sid()) {
+        if seen == Seen::Redelivered && !self.js.pulls.tracks(m.sid()) {
             // A push consumer's: its heartbeats must not name a redelivery the client
             // never got (a delivery sent again is one it got).
             if let Some(a) = AckRef::parse(reply) {
@@ -340,7 +348,7 @@ impl Session {
             .links
             .primary_mut()
             .filter(|l| l.established() && !switching);
-        self.backlog.send(to, p, self.now, &mut self.actions);
+        self.backlog.send(to, p, self.now, &mut self.out.actions);
     }
 
     /// SUB/UNSUB go to every link that already replayed, so all hold the same set. A link
@@ -358,7 +366,8 @@ impl Session {
             };
             if wanted {
                 let epoch = l.epoch;
-                self.actions
+                self.out
+                    .actions
                     .push_back(Action::ToUpstream(epoch, raw.clone()));
             }
         }
@@ -369,13 +378,13 @@ impl Session {
     pub(super) fn confirm_publishes(&mut self) {
         let primary = self.links.primary_mut();
         self.backlog
-            .confirm_soon(primary, self.now, &mut self.actions);
+            .confirm_soon(primary, self.now, &mut self.out.actions);
     }
 
     /// The backlog goes to the primary, which now takes traffic.
     pub(super) fn flush_backlog(&mut self) {
         if let Some(l) = self.links.primary_mut() {
-            self.backlog.flush(l, self.now, &mut self.actions);
+            self.backlog.flush(l, self.now, &mut self.out.actions);
         }
         self.confirm_publishes();
     }

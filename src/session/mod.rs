@@ -1,6 +1,25 @@
 //! The per-client state machine: pure, sans-io. It takes client bytes, upstream bytes,
 //! connection events and `now`, and returns [`Action`]s for the driver to carry out.
 //!
+//! # Parts
+//!
+//! `Session` routes events between parts that each own their data and its bounds:
+//! - `ClientSide` (`client_side.rs`): the client's connection: state, CONNECT, decoder, owed
+//!   replies, output;
+//! - `Dialing` (`dialing.rs`): when to dial, backoff, refusals, the dial window, the
+//!   `-ERR` log;
+//! - `Links`, `NodePool`, `SubTable`, `Phase`, `Overlap` (de-dup across links) and
+//!   `Backlog` (client traffic not yet confirmed);
+//! - `JetStream` (`jetstream/mod.rs`): pull requests, deliveries and acks, consumer
+//!   activity;
+//! - `Outbox` (`action.rs`): actions and events for the driver; `SessionStats`.
+//!
+//! Five files hold `impl Session`, each a routing concern that reaches several parts:
+//! this one (the driver's API and the relay's fast path), `client.rs` (the client's ops
+//! and what goes to it), `upstream.rs` (a link's ops, its handshake and replay, its
+//! loss), `phase.rs` (the transitions of the diagram below) and `timers.rs` (the timer
+//! table). Everything inside one part is that part's own `impl`.
+//!
 //! # Links
 //!
 //! A session has up to three upstream links, each with its own [`Epoch`]:
@@ -67,9 +86,10 @@
 mod action;
 mod backlog;
 mod client;
+mod client_side;
 mod config;
 mod dedup;
-mod dial_window;
+mod dialing;
 mod jetstream;
 mod link;
 mod links;
@@ -85,7 +105,7 @@ mod upstream;
 pub use action::{Action, CloseReason, Epoch};
 pub use backlog::{CONFIRM_BYTES, CONFIRM_DELAY};
 pub use config::*;
-pub use dial_window::{DIAL_WINDOW, MAX_DIALS_PER_WINDOW};
+pub use dialing::{DIAL_WINDOW, MAX_DIALS_PER_WINDOW};
 pub use jetstream::consuming::{ConsumerActivity, Consuming, MAX_WATCHED_CONSUMERS};
 pub use stats::{MoveReason, SessionEvent, SessionStats, MAX_EVENTS, SHIELDED_CODES};
 
@@ -93,48 +113,21 @@ pub use stats::{MoveReason, SessionEvent, SessionStats, MAX_EVENTS, SHIELDED_COD
 mod tests;
 
 use bytes::BytesMut;
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 use tracing::warn;
 
+use self::action::Outbox;
 use self::backlog::Backlog;
-use self::dial_window::DialWindow;
-use self::jetstream::acks::{self, Deliveries, Recipient, Seen};
-use self::jetstream::PullTracker;
+use self::client_side::ClientSide;
+use self::dialing::Dialing;
+use self::jetstream::acks::{Recipient, Seen};
+use self::jetstream::JetStream;
 use self::link::{Link, LinkState};
 use self::links::{Links, Role};
 use self::overlap::Overlap;
 use self::phase::Phase;
 use self::pool::NodePool;
-use self::replies::ReplyQueue;
 use self::subs::SubTable;
-use crate::proto::json::ClientOptions;
-use crate::proto::{ClientDecoder, Limits};
-
-/// Client-facing progress.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ClientState {
-    /// Our INFO has not been sent (no upstream INFO yet).
-    NoInfo,
-    /// INFO sent, no CONNECT (nor other op) received yet.
-    AwaitConnect,
-    /// The client connected (explicitly or by sending another op first).
-    Connected,
-    /// A fatal `-ERR` (or silent close) waits behind replies still owed (a PONG the
-    /// upstream has not answered yet); the client's input is ignored, and it is closed
-    /// once they are written.
-    Ending,
-    /// Closed; everything further is ignored.
-    Closed,
-}
-
-/// An upstream `-ERR` text and how many times it came again: one client's repeated
-/// error is one log line with a count, not one per event.
-#[derive(Debug, Default)]
-struct RepeatedErr {
-    text: Option<bytes::Bytes>,
-    repeats: u32,
-}
 
 /// The pure per-client state machine; the phase diagram is in the module docs.
 ///
@@ -162,81 +155,44 @@ struct RepeatedErr {
 /// request. A link that dies takes at most that window of publishes to be written again.
 pub struct Session {
     cfg: SessionConfig,
-    client_state: ClientState,
-    opts: ClientOptions,
-    client_dec: ClientDecoder,
-    replies: ReplyQueue,
+    /// The client's connection: its state, CONNECT, decoder, owed replies, output.
+    client: ClientSide,
     subs: SubTable,
     pool: NodePool,
     links: Links,
     phase: Phase,
     overlap: Overlap,
-    dial_at: Option<Instant>,
-    attempts: u32,
-    /// Handshakes refused (an `-ERR` before the server took our CONNECT) since a node
-    /// last took one; at one per known node the client is told and closed.
-    refusals: usize,
-    /// The session's own bound on dials per second.
-    dial_window: DialWindow,
-    /// Other sessions of the process moving off a lame-duck node now (from the driver).
-    peers_moving: usize,
-    /// The upstream `-ERR` logged last, and how often it came again since.
-    err_log: RepeatedErr,
-    /// A PONG was written to the client (the `connect_info` INFO follows the first).
-    first_pong_sent: bool,
+    /// When to dial next, the backoff, refusals, the dial window.
+    dialing: Dialing,
     backlog: Backlog,
-    actions: VecDeque<Action>,
-    /// Bytes for the client, in order (see `poll_action`).
-    client_out: BytesMut,
+    /// Actions and metric events for the driver.
+    out: Outbox,
     /// The `now` of the event being handled.
     now: Instant,
-    rng: fastrand::Rng,
     stats: SessionStats,
-    pulls: PullTracker,
-    /// What the client got and acked of each JetStream consumer.
-    deliveries: Deliveries,
-    /// When the client last pulled, acked and got deliveries, per consumer.
-    consuming: Consuming,
-    /// The client subscribed to something other than a reply inbox (`_INBOX.`).
-    subscribed: bool,
-    /// Events for metrics; bounded (oldest dropped past [`MAX_EVENTS`]).
-    events: VecDeque<SessionEvent>,
+    /// Pull requests, deliveries and acks, per-consumer activity.
+    js: JetStream,
 }
 
 impl Session {
     /// A session for a freshly accepted client; the first action dials an upstream.
     pub fn new(cfg: SessionConfig, now: Instant) -> Session {
-        let mut rng = fastrand::Rng::with_seed(cfg.seed);
-        let pool = NodePool::new(&cfg.upstreams).seeded(rng.u64(..));
+        let (dialing, pool_seed) = Dialing::new(cfg.seed);
+        let pool = NodePool::new(&cfg.upstreams).seeded(pool_seed);
         let mut s = Session {
             cfg,
-            client_state: ClientState::NoInfo,
-            opts: ClientOptions::default(),
-            client_dec: ClientDecoder::new(Limits::default()),
-            replies: ReplyQueue::default(),
+            client: ClientSide::new(),
             subs: SubTable::default(),
             pool,
             links: Links::default(),
             phase: Phase::Starting { failures: 0 },
             overlap: Overlap::default(),
-            dial_at: None,
-            attempts: 0,
-            refusals: 0,
-            dial_window: DialWindow::default(),
-            peers_moving: 0,
-            err_log: RepeatedErr::default(),
-            first_pong_sent: false,
+            dialing,
             backlog: Backlog::default(),
-            actions: VecDeque::new(),
-            client_out: BytesMut::new(),
+            out: Outbox::default(),
             now,
-            rng,
             stats: SessionStats::default(),
-            pulls: PullTracker::default(),
-            deliveries: Deliveries::default(),
-            consuming: Consuming::default(),
-            subscribed: false,
-            events: VecDeque::new(),
+            js: JetStream::default(),
         };
         s.start_dial();
         s
@@ -247,36 +203,30 @@ impl Session {
     /// Bytes for the client are gathered into one buffer and come first, as one
     /// `ToClient`: nothing queued for the client ever has to wait for another action.
     pub fn poll_action(&mut self) -> Option<Action> {
-        if !self.client_out.is_empty() {
-            return Some(Action::ToClient(self.client_out.split().freeze()));
+        if !self.client.out.is_empty() {
+            return Some(Action::ToClient(self.client.out.split().freeze()));
         }
-        self.actions.pop_front()
+        self.out.actions.pop_front()
     }
 
     /// Moves what is queued for the client to the end of `dst` (the driver's write
     /// buffer): a swap when `dst` is empty, so relayed bytes are copied once in all.
     /// Call before [`poll_action`](Self::poll_action).
     pub fn take_client_output(&mut self, dst: &mut BytesMut) {
-        if dst.is_empty() {
-            std::mem::swap(dst, &mut self.client_out);
-        } else {
-            dst.extend_from_slice(&self.client_out);
-            self.client_out.clear();
-        }
+        self.client.take_output(dst);
     }
 
     /// True while the driver may read more from the client.
     pub fn wants_client_input(&self) -> bool {
         let unconfirmed = self.links.primary().map_or(0, |p| p.unconfirmed_bytes);
-        !matches!(self.client_state, ClientState::Closed | ClientState::Ending)
-            && self.backlog.bytes() + unconfirmed < self.cfg.max_backlog
+        self.client.is_open() && self.backlog.bytes() + unconfirmed < self.cfg.max_backlog
     }
 
     /// How many other sessions of this process are moving off a lame-duck node now; the
     /// driver tells, before upstream bytes, so that a migration spreads its dial over a
     /// window that grows with them (see [`MIGRATION_DIAL_RATE`]).
     pub fn set_peers_moving(&mut self, n: usize) {
-        self.peers_moving = n;
+        self.dialing.set_peers_moving(n);
     }
 
     /// True while the session is moving off a lame-duck node.
@@ -286,7 +236,7 @@ impl Session {
 
     /// True once the session has closed the client; the driver ends after flushing.
     pub fn is_closed(&self) -> bool {
-        self.client_state == ClientState::Closed
+        self.client.is_closed()
     }
 
     /// The client's live subscriptions.
@@ -302,27 +252,24 @@ impl Session {
     /// True once the client connected (sent CONNECT, or another op first), until it is
     /// closed.
     pub fn is_client_connected(&self) -> bool {
-        matches!(
-            self.client_state,
-            ClientState::Connected | ClientState::Ending
-        )
+        self.client.is_connected()
     }
 
     /// Whether the client consumes: it subscribed to a subject other than a reply inbox,
     /// or pulled from a JetStream consumer. A client that only publishes and requests
     /// is not watched (`/livez/client`).
     pub fn consumes(&self) -> bool {
-        self.subscribed || !self.consuming.consumers().is_empty()
+        self.client.subscribed || !self.js.consuming.consumers().is_empty()
     }
 
     /// When the client last pulled, acked and got deliveries, per JetStream consumer.
     pub fn consuming(&self) -> &Consuming {
-        &self.consuming
+        &self.js.consuming
     }
 
     /// The name the client gave in its CONNECT, once it has.
     pub fn client_name(&self) -> Option<&str> {
-        self.opts.name.as_deref()
+        self.client.opts.name.as_deref()
     }
 
     /// The address of the current primary upstream, if any.
@@ -332,14 +279,11 @@ impl Session {
 
     /// The next event for metrics.
     pub fn poll_event(&mut self) -> Option<SessionEvent> {
-        self.events.pop_front()
+        self.out.poll_event()
     }
 
     fn event(&mut self, e: SessionEvent) {
-        if self.events.len() >= MAX_EVENTS {
-            self.events.pop_front();
-        }
-        self.events.push_back(e);
+        self.out.event(e);
     }
 
     /// True in an outage: the primary was lost without warning and no other link carries
@@ -350,11 +294,7 @@ impl Session {
 
     /// Pull requests held unplaced now (their consumer away or moved, their link lost).
     pub fn pulls_unplaced(&self) -> usize {
-        if self.pulls.is_empty() {
-            0
-        } else {
-            self.pulls.unplaced()
-        }
+        self.js.pulls_unplaced()
     }
 
     /// True when the client's traffic has a working upstream now.
@@ -374,8 +314,8 @@ impl Session {
     /// Bytes read from the client: decodes and handles every complete op in `buf`.
     pub fn handle_client_bytes(&mut self, buf: &mut BytesMut, now: Instant) {
         self.now = now;
-        while !matches!(self.client_state, ClientState::Closed | ClientState::Ending) {
-            match self.client_dec.decode(buf) {
+        while self.client.is_open() {
+            match self.client.dec.decode(buf) {
                 Ok(Some(op)) => self.handle_client_op(op, now),
                 Ok(None) => break,
                 Err(e) => {
@@ -423,7 +363,7 @@ impl Session {
             // Fast path: a plain MSG that goes to the client as it is. Everything it
             // changes (counts, auto-unsubscribe, pull credit) is done here and now, in
             // order; only its bytes wait for the end of the run.
-            let plain = self.client_state != ClientState::Closed && !self.overlap.filters(epoch);
+            let plain = !self.client.is_closed() && !self.overlap.filters(epoch);
             let peeked = match self.link(role) {
                 Some(l) if plain => l.decoder.peek_msg(&buf[run..]),
                 _ => None,
@@ -438,9 +378,9 @@ impl Session {
             });
             if let Some(v) = peeked {
                 let sid = &buf[run..][v.sid.range()];
-                if !self.pulls.is_empty() {
+                if !self.js.pulls.is_empty() {
                     let reply = v.reply.map(|r| &buf[run..][r.range()]);
-                    self.pulls.on_delivery(sid, reply, v.size(), now);
+                    self.js.pulls.on_delivery(sid, reply, v.size(), now);
                     self.report_replaced_pulls();
                 }
                 self.subs.delivered(sid);
@@ -449,7 +389,7 @@ impl Session {
                 continue;
             }
             if run > 0 {
-                self.client_out.extend_from_slice(&buf[..run]);
+                self.client.out.extend_from_slice(&buf[..run]);
                 bytes::Buf::advance(buf, run);
                 run = 0;
             }
@@ -469,21 +409,11 @@ impl Session {
     /// What a delivery on `sid` with `reply` is to the client ([`Deliveries`]); a new one
     /// is remembered as the client's.
     fn seen(&mut self, sid: &[u8], reply: &[u8]) -> Seen {
-        if !acks::is_delivery(reply) {
-            return Seen::New;
-        }
-        let Some(d) = acks::AckRef::parse(reply) else {
-            return Seen::New;
-        };
         let to = match self.subs.get(sid).and_then(|s| s.queue.as_deref()) {
             Some(q) => Recipient::Queue(q),
             None => Recipient::Sub(sid),
         };
-        let seen = self.deliveries.on_delivery_of(to, &d, self.now);
-        if seen == Seen::New {
-            self.consuming.delivered(d.consumer);
-        }
-        seen
+        self.js.seen(to, reply, self.now)
     }
 
     /// The dial of `epoch` was not made (the process's dial budget is spent). Not the

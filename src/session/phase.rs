@@ -3,18 +3,18 @@
 
 use bytes::{Bytes, BytesMut};
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::action::{Action, CloseReason, Epoch};
 use super::backlog::Pending;
-use super::config::MIGRATION_DIAL_RATE;
+use super::client_side::ClientState;
 use super::dedup::{Dedup, Tally};
 use super::link::{Link, PingOwner};
 use super::links::Role;
 use super::overlap::Bounds;
 use super::stats::{MoveReason, SessionEvent};
-use super::{ClientState, Session};
+use super::Session;
 use crate::proto::{encode, Message};
 
 /// A move off a node: why, since when, from which address.
@@ -121,14 +121,8 @@ impl Session {
                 self.overlap.record(link_epoch, self.overlap_bounds());
                 // The old link still works: spread the dials of the sessions moving
                 // together (`migration_spread`, see MIGRATION_DIAL_RATE); alone, at once.
-                let movers = self.peers_moving + 1;
-                let window = Duration::from_secs_f64((movers - 1) as f64 / MIGRATION_DIAL_RATE)
-                    .min(self.cfg.migration_spread);
-                let spread = window.mul_f64(self.rng.f64());
-                if spread.is_zero() {
+                if self.dialing.spread(now, self.cfg.migration_spread) {
                     self.start_dial();
-                } else {
-                    self.dial_at = Some(now + spread);
                 }
             }
             // Already moving; a new migration starts when this one ends: A keeps nothing
@@ -137,7 +131,7 @@ impl Session {
             Role::Standby => {
                 // Never move onto a node that is leaving.
                 if let Some(s) = self.links.take(Role::Standby) {
-                    self.actions.push_back(Action::CloseUpstream(s.epoch));
+                    self.out.actions.push_back(Action::CloseUpstream(s.epoch));
                 }
                 self.standby_gone();
                 self.start_dial();
@@ -182,9 +176,9 @@ impl Session {
             return;
         };
         if let Some(s) = self.links.take(Role::Standby) {
-            self.actions.push_back(Action::CloseUpstream(s.epoch));
+            self.out.actions.push_back(Action::CloseUpstream(s.epoch));
         }
-        self.dial_at = None;
+        self.dialing.cancel();
         self.overlap.end_live();
         self.phase = Phase::Steady { since: self.now };
         let waited = self.now.saturating_duration_since(since) + self.cfg.hedge_after;
@@ -209,7 +203,7 @@ impl Session {
     /// nothing (queue groups, pull inboxes).
     fn may_leave_old_link(&self, sid: &[u8]) -> bool {
         let provable =
-            self.subs.get(sid).is_some_and(|s| s.queue.is_none()) && !self.pulls.tracks(sid);
+            self.subs.get(sid).is_some_and(|s| s.queue.is_none()) && !self.js.pulls.tracks(sid);
         !provable || self.overlap.live().is_some_and(|d| d.proven(sid))
     }
 
@@ -232,7 +226,8 @@ impl Session {
         p.ping_sent(PingOwner::Switch, now);
         self.backlog.pinged();
         let epoch = p.epoch;
-        self.actions
+        self.out
+            .actions
             .push_back(Action::ToUpstream(epoch, Bytes::from_static(encode::PING)));
     }
 
@@ -321,7 +316,8 @@ impl Session {
         out.extend_from_slice(encode::PING);
         r.ping_sent(PingOwner::Drain, now);
         let epoch = r.epoch;
-        self.actions
+        self.out
+            .actions
             .push_back(Action::ToUpstream(epoch, out.freeze()));
     }
 
@@ -345,7 +341,7 @@ impl Session {
     /// A's drain PONG: A delivers nothing more; close it.
     pub(super) fn retired(&mut self) {
         if let Some(r) = self.links.take(Role::Retiring) {
-            self.actions.push_back(Action::CloseUpstream(r.epoch));
+            self.out.actions.push_back(Action::CloseUpstream(r.epoch));
         }
         self.finish_migration("migration complete; old upstream retired");
     }
@@ -380,7 +376,7 @@ impl Session {
             // (an outage: also when the node closed before it took our CONNECT).
             for p in &dead.pings {
                 if p.owner == PingOwner::Client {
-                    self.replies.pong_arrived();
+                    self.client.replies.pong_arrived();
                 }
             }
             self.flush_replies();
@@ -409,7 +405,7 @@ impl Session {
             self.old_link_done();
         }
         if let Some(r) = self.links.take(Role::Retiring) {
-            self.actions.push_back(Action::CloseUpstream(r.epoch));
+            self.out.actions.push_back(Action::CloseUpstream(r.epoch));
         }
         let from = match std::mem::replace(&mut self.phase, Phase::Steady { since: self.now }) {
             // A move already under way keeps its reason and start.
@@ -453,7 +449,7 @@ impl Session {
     /// takes over). Otherwise the next node after a backoff.
     pub(super) fn standby_failed(&mut self, l: &Link, reason: MoveReason) {
         self.pool.mark_failed(&l.addr, self.now);
-        let no_info = self.client_state == ClientState::NoInfo;
+        let no_info = self.client.state == ClientState::NoInfo;
         if let (Phase::Starting { failures }, true) = (&mut self.phase, no_info) {
             *failures += 1;
             if *failures >= self.pool.len() {
@@ -488,8 +484,8 @@ impl Session {
                 });
                 // The dead link's inbox subscriptions are gone; the server may have swept
                 // the requests before the new link's interest arrived.
-                if !self.pulls.is_empty() {
-                    self.pulls.all_lost(self.now);
+                if !self.js.pulls.is_empty() {
+                    self.js.pulls.all_lost(self.now);
                     self.reissue_due_pulls();
                 }
             }

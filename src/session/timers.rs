@@ -16,7 +16,7 @@ use super::link::PingOwner;
 use super::links::Role;
 use super::phase::Phase;
 use super::stats::{MoveReason, SessionEvent};
-use super::{ClientState, Session};
+use super::Session;
 use crate::proto::encode;
 
 /// A named deadline of the session.
@@ -76,12 +76,15 @@ impl Session {
                 l.established().then_some(l.keepalive_at)
             }
             Timer::Suspect => self.suspect_at(),
-            Timer::Dial => self.dial_at.filter(|_| self.links.standby().is_none()),
+            Timer::Dial => self
+                .dialing
+                .due()
+                .filter(|_| self.links.standby().is_none()),
             Timer::Confirm => self.backlog.confirm_at(),
             Timer::Drain => self.drain_due(),
             // Placements wait for a working upstream (see `reissue_due_pulls`); statuses
             // made for the client do not.
-            Timer::Pulls => self.pulls.poll_timeout(self.has_upstream()),
+            Timer::Pulls => self.js.pulls.poll_timeout(self.has_upstream()),
             Timer::Linger => self.overlap.linger_until(),
             Timer::Outage => match self.phase {
                 Phase::Outage { since, .. } => Some(since + self.cfg.max_outage),
@@ -108,7 +111,8 @@ impl Session {
                 if l.pings.is_empty() {
                     l.ping_sent(PingOwner::Keepalive, now);
                     let epoch = l.epoch;
-                    self.actions
+                    self.out
+                        .actions
                         .push_back(Action::ToUpstream(epoch, Bytes::from_static(encode::PING)));
                 }
             }
@@ -116,7 +120,8 @@ impl Session {
             Timer::Dial => self.start_dial(),
             Timer::Confirm => {
                 let primary = self.links.primary_mut();
-                self.backlog.confirm_now(primary, now, &mut self.actions);
+                self.backlog
+                    .confirm_now(primary, now, &mut self.out.actions);
             }
             Timer::Drain => self.maybe_drain(),
             Timer::Pulls => self.reissue_due_pulls(),
@@ -136,7 +141,7 @@ impl Session {
 
     /// The earliest moment `handle_timeout` must be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        if self.client_state == ClientState::Closed {
+        if self.client.is_closed() {
             return None;
         }
         Timer::ALL
@@ -149,7 +154,7 @@ impl Session {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.now = now;
         for timer in Timer::ALL {
-            if self.client_state == ClientState::Closed {
+            if self.client.is_closed() {
                 return;
             }
             if self.deadline(timer).is_some_and(|t| t <= now) {

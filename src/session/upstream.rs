@@ -6,13 +6,14 @@ use tracing::{debug, info, warn};
 
 use super::action::{Action, CloseReason, Epoch};
 use super::backlog::Pending;
+use super::client_side::ClientState;
 use super::dedup;
 use super::jetstream::PullAction;
 use super::link::{Link, LinkState, PingOwner};
 use super::links::Role;
 use super::phase::Phase;
 use super::stats::{MoveReason, SessionEvent};
-use super::{ClientState, Session};
+use super::Session;
 use crate::auth;
 use crate::proto::json::ServerInfo;
 use crate::proto::{encode, Limits, Message, ServerErr, ServerOp, MAX_CONTROL_LINE};
@@ -32,17 +33,15 @@ impl Session {
 
     /// Dials the next node as the standby link.
     pub(super) fn start_dial(&mut self) {
-        self.dial_at = None;
-        if self.client_state == ClientState::Closed {
+        self.dialing.cancel();
+        if self.client.is_closed() {
             return;
         }
         let exclude = match &self.phase {
             Phase::Migrating(m, _) | Phase::Outage { from: m, .. } => Some(m.from.clone()),
             _ => self.links.primary().map(|l| l.addr.clone()),
         };
-        if let Some(at) = self.dial_window.admit(self.now) {
-            debug!(?at, "dialled too often this second; the next dial waits");
-            self.dial_at = Some(at);
+        if !self.dialing.admit(self.now) {
             return;
         }
         let Some(addr) = self.pool.pick(exclude.as_deref(), self.now) else {
@@ -50,26 +49,20 @@ impl Session {
         };
         let epoch = self.links.new_standby(addr.clone(), self.now);
         debug!(%epoch, upstream = %addr, "dialing");
-        self.actions.push_back(Action::Dial { epoch, addr });
+        self.out.actions.push_back(Action::Dial { epoch, addr });
     }
 
     /// Schedules the next dial with exponential backoff and jitter.
     pub(super) fn schedule_dial(&mut self) {
-        self.attempts += 1;
-        let exp = self.attempts.saturating_sub(1).min(16);
-        let base = self
-            .cfg
-            .backoff_min
-            .saturating_mul(1 << exp)
-            .min(self.cfg.backoff_max);
-        let jitter = base.mul_f64(self.rng.f64() * 0.2);
-        self.dial_at = Some(self.now + base - base.mul_f64(0.1) + jitter);
+        let (min, max) = (self.cfg.backoff_min, self.cfg.backoff_max);
+        self.dialing.back_off(self.now, min, max);
     }
 
     pub(super) fn on_upstream_op(&mut self, epoch: Epoch, role: Role, op: ServerOp) {
         match op {
             ServerOp::Msg(m) => self.on_upstream_msg(epoch, m),
             ServerOp::Ping => self
+                .out
                 .actions
                 .push_back(Action::ToUpstream(epoch, Bytes::from_static(encode::PONG))),
             ServerOp::Pong => self.on_pong(role),
@@ -81,7 +74,7 @@ impl Session {
 
     fn on_upstream_err(&mut self, epoch: Epoch, role: Role, text: Bytes) {
         let addr = self.link(role).map(|l| l.addr.clone()).unwrap_or_default();
-        self.log_upstream_err(epoch, &addr, &text);
+        self.dialing.log_err(epoch, &addr, &text);
         let class = ServerErr::classify(&text);
         if class == ServerErr::StaleConnection {
             // A dying link's 'Stale Connection' is the proxy's business.
@@ -100,38 +93,15 @@ impl Session {
         }
     }
 
-    /// Logs an upstream `-ERR` the first time its text comes; repeats are counted and
-    /// logged once, when another text comes or the client closes.
-    fn log_upstream_err(&mut self, epoch: Epoch, addr: &str, text: &Bytes) {
-        if self.err_log.text.as_ref() == Some(text) {
-            self.err_log.repeats += 1;
-            debug!(%epoch, upstream = %addr, repeats = self.err_log.repeats, "upstream -ERR again");
-            return;
-        }
-        self.flush_err_log();
-        warn!(%epoch, upstream = %addr, err = %String::from_utf8_lossy(text), "upstream -ERR");
-        self.err_log.text = Some(text.clone());
-    }
-
-    /// Logs how often the last upstream `-ERR` came again, if it did.
-    pub(super) fn flush_err_log(&mut self) {
-        let repeats = std::mem::take(&mut self.err_log.repeats);
-        if let (Some(text), true) = (&self.err_log.text, repeats > 0) {
-            warn!(err = %String::from_utf8_lossy(text), repeats, "upstream -ERR came again");
-        }
-    }
-
     /// A link the server closed after refusing our handshake. True when the client was
     /// closed: the refusal is one every node gives (credentials), or each known node has
     /// refused once, and no accepted primary remains.
     fn handshake_refused(&mut self, text: &Bytes) -> bool {
-        self.refusals += 1;
-        let everywhere = ServerErr::classify(text) == ServerErr::Authorization
-            || self.refusals >= self.pool.len();
+        let everywhere = self.dialing.refused(text, self.pool.len());
         if !everywhere || self.links.primary().is_some_and(Link::is_accepted) {
             return false;
         }
-        warn!(refusals = self.refusals, err = %String::from_utf8_lossy(text),
+        warn!(refusals = self.dialing.refusals(), err = %String::from_utf8_lossy(text),
             "upstream refused the handshake; closing the client with its -ERR");
         self.send_client([b"-ERR ", &text[..], b"\r\n"].concat().into());
         self.close_client(CloseReason::UpstreamRefused);
@@ -155,7 +125,7 @@ impl Session {
                 info!(%epoch, upstream = %addr, server_id = %info.server_id,
                     "dialled the node that is leaving under another address; dialling another");
                 if let Some(s) = self.links.take(Role::Standby) {
-                    self.actions.push_back(Action::CloseUpstream(s.epoch));
+                    self.out.actions.push_back(Action::CloseUpstream(s.epoch));
                 }
                 self.standby_gone();
                 return self.schedule_dial();
@@ -164,10 +134,10 @@ impl Session {
             l.state = LinkState::AwaitClientConnect;
             l.info = Some(info);
             self.pool.mark_ok(&addr);
-            if self.client_state == ClientState::NoInfo {
+            if self.client.state == ClientState::NoInfo {
                 self.send_client_info(role);
             }
-            if self.client_state == ClientState::Connected {
+            if self.client.state == ClientState::Connected {
                 self.establish(role);
             }
             return;
@@ -185,8 +155,8 @@ impl Session {
                 .any(|u| !o.connect_urls.contains(u))
         });
         let old = l.info.replace(info);
-        if grew && role == Role::Primary && !self.pulls.is_empty() {
-            self.pulls.consumer_may_be_back(self.now);
+        if grew && role == Role::Primary && !self.js.pulls.is_empty() {
+            self.js.pulls.consumer_may_be_back(self.now);
             self.reissue_due_pulls();
         }
         let Some(l) = self.link_mut(role) else { return };
@@ -207,12 +177,12 @@ impl Session {
         };
         let (mp, auth) = self.client_info_terms(info);
         let json = info.client_info_json(mp, auth);
-        self.client_dec.set_limits(Limits {
+        self.client.dec.set_limits(Limits {
             max_payload: mp,
             ..Limits::default()
         });
         self.send_client(encode::info(&json));
-        self.client_state = ClientState::AwaitConnect;
+        self.client.state = ClientState::AwaitConnect;
     }
 
     /// The `max_payload` and `auth_required` of the INFOs the client gets from `info`.
@@ -227,7 +197,7 @@ impl Session {
     /// The INFO nats-server sends a `protocol:1` client after the PONG to its first PING,
     /// made from the primary's, if the primary's server sent one (2.12+).
     pub(super) fn connect_info_for_client(&self) -> Option<Bytes> {
-        if self.opts.protocol < 1 {
+        if self.client.opts.protocol < 1 {
             return None;
         }
         let info = self.links.primary()?.connect_info.as_ref()?;
@@ -243,11 +213,15 @@ impl Session {
             .and_then(|i| i.nonce.clone());
         let auth = auth::connect_auth(
             self.cfg.credentials.as_ref(),
-            &self.opts,
+            &self.client.opts,
             nonce.as_deref(),
             self.cfg.proxy_key.as_ref(),
         );
-        let json = match self.opts.upstream_connect_json(&auth, MAX_CONTROL_LINE) {
+        let json = match self
+            .client
+            .opts
+            .upstream_connect_json(&auth, MAX_CONTROL_LINE)
+        {
             Ok(json) => json,
             Err(e) => {
                 // Every node would refuse it the same way: say what nats-server says.
@@ -278,7 +252,8 @@ impl Session {
         }
         out.extend_from_slice(encode::PING);
         l.ping_sent(PingOwner::Replay, now);
-        self.actions
+        self.out
+            .actions
             .push_back(Action::ToUpstream(epoch, out.freeze()));
         self.stats.subs_replayed += n_subs;
         if role == Role::Standby {
@@ -299,13 +274,11 @@ impl Session {
         }
         match entry.owner {
             PingOwner::Client => {
-                self.replies.pong_arrived();
+                self.client.replies.pong_arrived();
                 self.flush_replies();
             }
             PingOwner::Handshake => {
-                // A node took our CONNECT: backoff and refusals start over.
-                self.attempts = 0;
-                self.refusals = 0;
+                self.dialing.handshake_taken();
                 let refusal = self.link_mut(role).and_then(|l| l.refusal.take());
                 if let (Some(text), Role::Primary) = (refusal, role) {
                     // An -ERR that did not end the handshake: the client's, as usual.
@@ -347,7 +320,7 @@ impl Session {
         let Some(l) = self.links.take(role) else {
             return;
         };
-        self.actions.push_back(Action::CloseUpstream(epoch));
+        self.out.actions.push_back(Action::CloseUpstream(epoch));
         if let Some(text) = &l.refusal {
             if self.handshake_refused(text) {
                 return;
@@ -365,12 +338,12 @@ impl Session {
     /// upstream: without one they would pile up in the backlog and each add credit once
     /// sent; the next link places every request anyway) and statuses for the client.
     pub(super) fn reissue_due_pulls(&mut self) {
-        if self.pulls.is_empty() {
+        if self.js.pulls.is_empty() {
             return;
         }
         let upstream = self.has_upstream();
         let mut placed = false;
-        for action in self.pulls.on_timeout(self.now, upstream) {
+        for action in self.js.pulls.on_timeout(self.now, upstream) {
             match action {
                 PullAction::Reissue(frame) => {
                     self.stats.pulls_reissued += 1;
@@ -392,7 +365,7 @@ impl Session {
 
     /// Reports the lost pull requests the tracker saw served again.
     pub(super) fn report_replaced_pulls(&mut self) {
-        while let Some(d) = self.pulls.poll_replaced() {
+        while let Some(d) = self.js.pulls.poll_replaced() {
             self.event(SessionEvent::PullReplaced(d));
         }
     }

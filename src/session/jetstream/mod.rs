@@ -22,5 +22,49 @@ pub mod tracker;
 #[cfg(test)]
 mod tests;
 
+use std::time::Instant;
+
 pub use request::is_pull_subject;
 pub use tracker::{PullAction, PullTracker, Shield};
+
+/// The JetStream side of a session: the client's pull requests, what it got and acked
+/// of each consumer, and when it last pulled, acked and got deliveries (each bounded by
+/// its own type: [`tracker`], [`acks`], [`consuming`]).
+#[derive(Debug, Default)]
+pub(super) struct JetStream {
+    pub(super) pulls: PullTracker,
+    pub(super) deliveries: acks::Deliveries,
+    pub(super) consuming: consuming::Consuming,
+}
+
+impl JetStream {
+    /// What a delivery with `reply` to `to` is to the client; a new one is remembered
+    /// as the client's (and as its consumer's activity).
+    pub(super) fn seen(
+        &mut self,
+        to: acks::Recipient<'_>,
+        reply: &[u8],
+        now: Instant,
+    ) -> acks::Seen {
+        if !acks::is_delivery(reply) {
+            return acks::Seen::New;
+        }
+        let Some(d) = acks::AckRef::parse(reply) else {
+            return acks::Seen::New;
+        };
+        let seen = self.deliveries.on_delivery_of(to, &d, now);
+        if seen == acks::Seen::New {
+            self.consuming.delivered(d.consumer);
+        }
+        seen
+    }
+
+    /// Pull requests held unplaced now.
+    pub(super) fn pulls_unplaced(&self) -> usize {
+        if self.pulls.is_empty() {
+            0
+        } else {
+            self.pulls.unplaced()
+        }
+    }
+}

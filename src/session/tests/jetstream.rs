@@ -364,7 +364,7 @@ fn a_request_whose_credit_a_hidden_redelivery_took_is_placed_again() {
     // The new placement's delivery reaches the client and ends the request.
     let next = b"MSG logs.v 1 $JS.ACK.LOGS.PY.1.59.7.1795971562879267766.0 3\r\nm59\r\n";
     assert_eq!(to_client(&h.upstream(1, next)), next.to_vec());
-    assert_eq!(h.s.pulls.len(), 0);
+    assert_eq!(h.s.js.pulls.len(), 0);
 
     // batch 64: the placement keeps 63 at the server, nothing is placed again.
     h.client(b"PUB $JS.ACK.LOGS.PY.1.59.7.1795971562879267766.0 0\r\n\r\n");
@@ -412,7 +412,7 @@ fn an_end_status_counts_a_hidden_redelivery_as_never_made() {
         String::from_utf8(end(63, 99997)).unwrap(),
         "the client got one message of 3 bytes"
     );
-    assert_eq!(h.s.pulls.len(), 0);
+    assert_eq!(h.s.js.pulls.len(), 0);
 }
 
 /// The client watch's facts come from the wire: a pull request (and its `expires`), each
