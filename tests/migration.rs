@@ -812,12 +812,14 @@ async fn an_idle_subscription_loses_nothing_when_the_new_nodes_interest_comes_la
 
 /// The proxy's node frozen (SIGSTOP) 8 s while a core subscriber gets 200 msg/s: the
 /// proxy hedges after a PING unanswered for `--hedge-after` (a standby on another node
-/// with the subscription, both delivering), and promotes the standby when the node is
-/// found dead. At most 300 messages (1.5 s) are lost, none twice, no disconnect. Then
-/// the same node, thawed and back in the cluster, stalled 500 ms under load: no standby,
-/// no migration, no failover.
+/// with the subscription, both delivering, each message from whichever delivers it
+/// first), and promotes the standby when the node is found dead. The client waits at
+/// most 1.2 s (the suspicion delay and the standby's set-up, not the verdict), at most
+/// 250 messages are lost (those the frozen node alone had), none twice, no disconnect.
+/// Then the same node, thawed and back in the cluster, stalled 500 ms under load: no
+/// standby, no migration, no failover.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_frozen_node_costs_at_most_300_messages_and_a_stall_moves_nothing() {
+async fn a_frozen_node_costs_about_a_second_and_a_stall_moves_nothing() {
     let OnNode {
         cluster,
         proxy,
@@ -877,12 +879,18 @@ async fn a_frozen_node_costs_at_most_300_messages_and_a_stall_moves_nothing() {
     assert_eq!(sorted.len(), r.seqs.len(), "no message twice");
     let missing = published - sorted.len() as u64;
     println!(
-        "frozen 8 s at 200 msg/s: {missing} of {published} missing; hedges {hedges}, failovers {failovers}; after the 500 ms stall: hedges {}, failovers {}, migrations {}",
+        "frozen 8 s at 200 msg/s: {missing} of {published} missing, largest gap {:?}; hedges {hedges}, failovers {failovers}; after the 500 ms stall: hedges {}, failovers {}, migrations {}",
+        r.max_gap,
         proxy.stats.hedges.get(),
         proxy.stats.failovers.get(),
         proxy.stats.migrations.get()
     );
-    assert!(missing <= 300, "{missing} missing");
+    assert!(missing <= 250, "{missing} missing");
+    assert!(
+        r.max_gap <= Duration::from_millis(1200),
+        "largest gap {:?}",
+        r.max_gap
+    );
     assert_eq!((hedges, failovers), (1, 1), "hedged, then found dead");
     assert_eq!(
         (

@@ -135,10 +135,20 @@ impl Session {
                 debug!(subject = %String::from_utf8_lossy(m.subject()), body = %String::from_utf8_lossy(&m.payload()[..m.payload().len().min(120)]), rewritten = rewritten.is_some(), tracked = self.js.pulls.len(), "pull request");
                 // Tracked requests are not kept as unconfirmed publishes: the tracker
                 // re-issues them itself when they are lost.
-                self.send_publish(Pending::Untracked(rewritten.unwrap_or(m.raw)));
+                self.send_pull(rewritten.unwrap_or(m.raw));
                 self.reply_ok();
                 return;
             }
+        }
+        let ack = || m.reply().is_none() && jetstream::acks::is_delivery(m.subject());
+        if let Some(epoch) = self.hedge_standby().filter(|_| ack()) {
+            // An ack while the primary is suspect goes through the standby too, so the
+            // consumer's pending count does not grow while the primary is frozen; the
+            // primary's copy is kept for re-sending as usual (acks are idempotent; one
+            // asking a reply goes once, not to be answered twice).
+            self.out
+                .actions
+                .push_back(Action::ToUpstream(epoch, m.raw.clone()));
         }
         self.send_publish(Pending::Data(m.raw));
         self.reply_ok();
@@ -349,6 +359,17 @@ impl Session {
             .primary_mut()
             .filter(|l| l.established() && !switching);
         self.backlog.send(to, p, self.now, &mut self.out.actions);
+    }
+
+    /// Writes a pull request (the client's, or the tracker's placing it again). While
+    /// hedging with the standby up, it goes through the standby instead, once (the
+    /// credit is not doubled): the suspect primary may hold it for seconds, and its
+    /// deliveries reach the client through either link, whichever is first.
+    pub(super) fn send_pull(&mut self, frame: Bytes) {
+        match self.hedge_standby() {
+            Some(epoch) => self.out.actions.push_back(Action::ToUpstream(epoch, frame)),
+            None => self.send_publish(Pending::Untracked(frame)),
+        }
     }
 
     /// SUB/UNSUB go to every link that already replayed, so all hold the same set. A link

@@ -59,11 +59,14 @@
 //!
 //!  Steady ─ the primary's PING unanswered for hedge_after, counted from the start of
 //!  Steady at the earliest (idle links are PINGed every HEDGE_KEEPALIVE) ─► Hedging: a
-//!  standby on another node, attached to the overlap (the primary's deliveries
-//!  remembered, the standby's held back)
-//!    ─ the primary's PONG ─► Steady: the standby closed, what it delivered dropped
+//!  standby on another node, attached to the overlap in hedged delivery: each message
+//!  goes out from whichever link delivers it first, its copy from the other is dropped;
+//!  once the standby is up, the client's pull requests go through it (once) and its
+//!  acks through both
+//!    ─ the primary's PONG ─► Steady: the standby closed; the primary's copies of what
+//!      the standby gave still dropped (the overlap lingers until it caught up)
 //!    ─ the primary lost or stale ─► Outage, and at once Steady on the standby if it is up
-//!      (the overlap releases what it held, minus what the primary delivered)
+//!      (the overlap lingers, matching the standby's late copies of the primary's)
 //!
 //!  Steady or Migrating ─ primary lost (closed, reset, garbage, or stale: a PING
 //!  unanswered for ping_interval × max_pings_out) ─► Outage: the client stays connected,

@@ -20,7 +20,10 @@
 //! ```text
 //!   (none) ─ lame duck, or a suspect primary: record(old) ─► live, recording
 //!   live, recording ─ attach(new): both deliver ─► live
-//!   live ─ standby_gone ─► live, recording     live ─ end_live (hedge over) ─► (none)
+//!   live ─ standby_gone ─► live, recording
+//!   (none) ─ a suspect primary: hedge(old) ─► live, hedged: both deliver, first copy out
+//!   live, hedged ─ end_hedge, the standby released nothing ─► (none)
+//!   live, hedged ─ end_hedge, it did: the primary's copies still to come ─► lingering
 //!   live ─ old_finished: held copies released ─► lingering (with the ones before it)
 //!   lingering ─ linger_due: caught up, or LINGER_MAX ─► ended
 //! ```
@@ -109,10 +112,29 @@ impl Overlap {
         }
     }
 
-    /// The live overlap ends with what its new link held back (a hedge whose primary
-    /// answered: the primary delivers all of it). Lingering ones go on.
-    pub(super) fn end_live(&mut self) {
-        self.live = None;
+    /// A suspect primary `old`: hedged delivery (see [`Dedup::hedge`]) with the standby
+    /// to come; a live overlap already there is kept.
+    pub(super) fn hedge(&mut self, old: Epoch, b: Bounds) {
+        if self.live.is_none() {
+            let mut d = Dedup::recording(old, b.max_entries, b.max_hold_bytes);
+            d.hedge();
+            self.live = Some(d);
+        }
+    }
+
+    /// The hedge ends with its primary (it answered). If the standby released anything,
+    /// the primary's copies of it are still to come: the overlap lingers from `now`,
+    /// matching them (see [`Dedup::hedge_answered`]). Otherwise it ends here (any other
+    /// live overlap too, with what its new link held back: the primary delivers all of
+    /// it). Lingering ones go on.
+    pub(super) fn end_hedge(&mut self, now: Instant, settle: Duration) {
+        let Some(mut d) = self.live.take() else {
+            return;
+        };
+        if d.is_hedged() && d.released_new() {
+            d.hedge_answered();
+            self.linger(d, now, settle);
+        }
     }
 
     /// Everything ends (the client is gone). What was decided was counted as decided.
@@ -138,6 +160,11 @@ impl Overlap {
                 out.push(m);
             }
         }
+        self.linger(d, now, settle);
+        t
+    }
+
+    fn linger(&mut self, dedup: Dedup<Message>, now: Instant, settle: Duration) {
         if self.lingering.len() == MAX_LINGERING {
             debug!(
                 MAX_LINGERING,
@@ -146,11 +173,10 @@ impl Overlap {
             self.lingering.pop_front();
         }
         self.lingering.push_back(Lingering {
-            dedup: d,
+            dedup,
             since: now,
             until: now + settle,
         });
-        t
     }
 
     /// `m` on its way to the client: `None` if a lingering overlap's old link delivered

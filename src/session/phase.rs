@@ -91,6 +91,18 @@ impl Session {
         matches!(self.phase, Phase::Starting { .. })
     }
 
+    /// While hedging, the standby once it is up: where JetStream's traffic is served now
+    /// (see [`Session::on_pub`]).
+    pub(super) fn hedge_standby(&self) -> Option<Epoch> {
+        if !matches!(self.phase, Phase::Hedging { .. }) {
+            return None;
+        }
+        self.links
+            .standby()
+            .filter(|s| s.established())
+            .map(|s| s.epoch)
+    }
+
     /// True while the switch barrier PING is out on the old primary.
     pub(super) fn switching(&self) -> bool {
         matches!(self.phase, Phase::Migrating(_, Step::Switching { .. }))
@@ -165,7 +177,7 @@ impl Session {
             "upstream slow to answer a PING; bringing up a standby on another node");
         self.phase = Phase::Hedging { since: self.now };
         self.stats.hedges += 1;
-        self.overlap.record(epoch, self.overlap_bounds());
+        self.overlap.hedge(epoch, self.overlap_bounds());
         self.start_dial();
     }
 
@@ -179,7 +191,7 @@ impl Session {
             self.out.actions.push_back(Action::CloseUpstream(s.epoch));
         }
         self.dialing.cancel();
-        self.overlap.end_live();
+        self.overlap.end_hedge(self.now, self.cfg.settle);
         self.phase = Phase::Steady { since: self.now };
         let waited = self.now.saturating_duration_since(since) + self.cfg.hedge_after;
         info!(

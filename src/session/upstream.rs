@@ -5,7 +5,6 @@ use bytes::{Bytes, BytesMut};
 use tracing::{debug, info, warn};
 
 use super::action::{Action, CloseReason, Epoch};
-use super::backlog::Pending;
 use super::client_side::ClientState;
 use super::dedup;
 use super::jetstream::PullAction;
@@ -262,6 +261,12 @@ impl Session {
                 Some(p) => self.attach_overlap(p.epoch, epoch),
                 None => self.promote_standby(),
             }
+            if self.hedge_standby().is_some() && !self.js.pulls.is_empty() {
+                // The suspect primary holds the client's pull requests: they go again
+                // through the standby, behind its replayed SUBs.
+                self.js.pulls.link_suspect(now);
+                self.reissue_due_pulls();
+            }
         }
     }
 
@@ -348,7 +353,7 @@ impl Session {
                 PullAction::Reissue(frame) => {
                     self.stats.pulls_reissued += 1;
                     info!(request = %String::from_utf8_lossy(&frame[..frame.len().min(200)]).trim_end(), "placing a pull request again");
-                    self.send_publish(Pending::Untracked(frame));
+                    self.send_pull(frame);
                     placed = true;
                 }
                 PullAction::ToClient(frame) => {

@@ -108,6 +108,11 @@ pub struct Dedup<T> {
     old_done: bool,
     /// The new link's replay PONG was read: the old link's messages are late ones.
     recording: bool,
+    /// A hedge (see [`hedge`](Self::hedge)): the new link's messages are not held back.
+    hedged: bool,
+    /// In a hedge, the new link's last release per sid whose copy the old link has not
+    /// delivered yet.
+    hedge_last: HashMap<Bytes, u64>,
     /// What the call in progress decided; handed to the caller as it returns.
     tally: Tally,
 }
@@ -159,8 +164,65 @@ impl<T> Dedup<T> {
             ready: VecDeque::new(),
             old_done: false,
             recording: false,
+            hedged: false,
+            hedge_last: HashMap::new(),
             tally: Tally::default(),
         }
+    }
+
+    /// Hedged delivery: the old link is suspect, not leaving. Each message goes to the
+    /// client from whichever link delivers it first, and its copy from the other link is
+    /// dropped: the new link's messages are released at once (remembered, so that the
+    /// old link's copies of them are dropped when it thaws), and everything the old link
+    /// delivers counts as late (matched whenever the new link's copy comes).
+    pub fn hedge(&mut self) {
+        self.hedged = true;
+        self.recording = true;
+    }
+
+    /// Whether this is a hedge's overlap.
+    pub fn is_hedged(&self) -> bool {
+        self.hedged
+    }
+
+    /// Whether the new link delivered anything the client got.
+    pub fn released_new(&self) -> bool {
+        !self.seen_new.is_empty()
+    }
+
+    /// The hedge ends with the old link staying (it answered): what the new link
+    /// released is now what a finished link delivered, and the old link's copies of it
+    /// still to come are the late ones (see [`late_copy`](Self::late_copy)). The
+    /// overlap is caught up once the old link delivered its copy of the new link's last
+    /// message on every sid.
+    pub fn hedge_answered(&mut self) {
+        debug_assert!(self.hedged && self.held.is_empty());
+        let released = std::mem::take(&mut self.seen_new);
+        let mut owed = std::mem::take(&mut self.hedge_last);
+        self.seen_old = released
+            .into_iter()
+            .map(|(sid, late)| {
+                let last = owed.remove(&sid);
+                let o = OldSeen {
+                    late,
+                    live: last.is_some(),
+                    last,
+                    ..OldSeen::default()
+                };
+                (sid, o)
+            })
+            .collect();
+        self.entries = self
+            .seen_old
+            .values()
+            .map(|o| o.late.values().map(|&n| n as usize).sum::<usize>())
+            .sum::<usize>()
+            + count(&self.own);
+        if let Some(new) = self.new.take() {
+            (self.old, self.new) = (new, Some(self.old));
+        }
+        self.old_done = true;
+        self.held_index.clear();
     }
 
     /// True if `epoch` is one of the two links of this overlap.
@@ -190,6 +252,11 @@ impl<T> Dedup<T> {
     /// what the old link delivered stays remembered for the next one.
     pub fn detach(&mut self) {
         self.new = None;
+        if self.hedged {
+            // What it released went to the client: the old link's copies of it are
+            // still dropped. Nothing is held in a hedge.
+            return;
+        }
         self.held.clear();
         self.held_index.clear();
         self.held_bytes = 0;
@@ -301,6 +368,10 @@ impl<T> Dedup<T> {
         }
         if epoch == self.old {
             if self.take_seen_new(sid, fp) {
+                if self.hedge_last.get(sid) == Some(&fp) {
+                    // The old link caught up with the new one's last release here.
+                    self.hedge_last.remove(sid);
+                }
                 // The new link delivered it first (released early): proof as well.
                 let o = self.old_seen(sid);
                 o.proven = true;
@@ -313,6 +384,19 @@ impl<T> Dedup<T> {
         }
         if self.old_done || self.seen_old.get(sid).is_some_and(|o| o.done) {
             if !self.take_seen_old(sid, fp) {
+                self.ready.push_back(msg);
+            }
+            return;
+        }
+        if self.hedged {
+            if !self.take_seen_old(sid, fp) {
+                self.remember(true, sid, fp);
+                match self.hedge_last.get_mut(sid) {
+                    Some(last) => *last = fp,
+                    None => {
+                        self.hedge_last.insert(Bytes::copy_from_slice(sid), fp);
+                    }
+                }
                 self.ready.push_back(msg);
             }
             return;

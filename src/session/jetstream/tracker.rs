@@ -389,9 +389,20 @@ impl PullTracker {
     /// Every placed request may be gone (the link that carried them failed): place all
     /// again, probing first.
     pub fn all_lost(&mut self, now: Instant) {
+        self.all_placed_again(now, Placement::Probe);
+    }
+
+    /// The link that carried the requests is suspect and another is up (a hedge): the
+    /// consumer answers, so every placed request goes again at once, in full, with its
+    /// remaining credit and expiry (through the other link: the session's choice).
+    pub fn link_suspect(&mut self, now: Instant) {
+        self.all_placed_again(now, Placement::Full);
+    }
+
+    fn all_placed_again(&mut self, now: Instant, next: Placement) {
         for inbox in self.inboxes.values_mut() {
             for r in inbox.requests.iter_mut().filter(|r| r.placed()) {
-                r.lose(now, Placement::Probe, now);
+                r.lose(now, next, now);
             }
             inbox.upstream_seen = now;
         }

@@ -1,6 +1,6 @@
 //! Hedging: a primary slow to answer a PING gets a standby on another node, dropped when
-//! the primary answers, promoted when it is found dead; the client gets each message
-//! once either way.
+//! the primary answers, promoted when it is found dead. Meanwhile each message goes out
+//! from whichever link delivers it first; the client gets each message once either way.
 
 use super::harness::*;
 use super::*;
@@ -8,14 +8,27 @@ use super::*;
 /// Connected, subscribed to `foo`, the keepalive PING out and unanswered: the hedge's
 /// standby (epoch 2) has been dialled and brought up, its replay registered.
 fn hedging() -> H {
+    hedging_after(b"").0
+}
+
+/// As [`hedging`], the client having sent `before` (after its SUB) while the primary
+/// still answered; also what the standby's INFO made the session write.
+fn hedging_after(before: &[u8]) -> (H, Vec<Action>) {
     let mut h = H::connected();
     h.client(b"SUB foo 1\r\n");
+    h.client(before);
     h.actions();
-    let ping = h.s.poll_timeout().unwrap();
-    assert_eq!(ping, h.now + HEDGE_KEEPALIVE, "idle links are PINGed often");
-    h.now = ping;
-    h.s.handle_timeout(h.now);
-    assert_eq!(to_upstream(&h.actions()), b"PING\r\n");
+    let start = h.now;
+    let ping = loop {
+        h.now = h.s.poll_timeout().unwrap();
+        h.s.handle_timeout(h.now);
+        if to_epoch(&h.actions(), Epoch(1)).contains("PING") {
+            break h.now;
+        }
+    };
+    if before.is_empty() {
+        assert_eq!(ping, start + HEDGE_KEEPALIVE, "idle links are PINGed often");
+    }
     // A message before the node froze: delivered as usual.
     assert_eq!(
         to_client(&h.upstream(1, b"MSG foo 1 2\r\nm1\r\n")),
@@ -36,48 +49,68 @@ fn hedging() -> H {
     assert_eq!((e2, addr.as_str()), (Epoch(2), "x:1"), "another node");
     assert_eq!(h.s.stats().hedges, 1);
     h.s.handle_upstream_connected(e2, h.now);
-    h.upstream(2, INFO_B);
+    let standby_up = h.upstream(2, INFO_B);
     let a = h.upstream(2, b"PONG\r\nPONG\r\n");
     assert!(
         !a.contains(&Action::CloseUpstream(Epoch(1))),
         "the primary stays"
     );
-    h
+    (h, standby_up)
 }
 
 #[test]
-fn a_primary_that_answers_drops_the_standby_and_what_it_delivered() {
+fn a_primary_that_answers_ends_the_hedge_with_nothing_twice() {
     let mut h = hedging();
-    // Both deliver m2; the standby's copy is held, the primary's (late) goes out.
-    assert_eq!(to_client(&h.upstream(2, b"MSG foo 1 2\r\nm2\r\n")), b"");
+    // Hedged delivery: the standby's m2 goes out at once; the primary's copy, delivered
+    // when it thaws, is dropped.
     assert_eq!(
-        to_client(&h.upstream(1, b"MSG foo 1 2\r\nm2\r\n")),
+        to_client(&h.upstream(2, b"MSG foo 1 2\r\nm2\r\n")),
         b"MSG foo 1 2\r\nm2\r\n"
+    );
+    assert_eq!(to_client(&h.upstream(1, b"MSG foo 1 2\r\nm2\r\n")), b"");
+    // What only the primary had (published before the standby's interest) comes late.
+    assert_eq!(
+        to_client(&h.upstream(1, b"MSG foo 1 3\r\nm1b\r\n")),
+        b"MSG foo 1 3\r\nm1b\r\n"
+    );
+    assert_eq!(
+        to_client(&h.upstream(2, b"MSG foo 1 2\r\nm3\r\n")),
+        b"MSG foo 1 2\r\nm3\r\n"
     );
     let a = h.upstream(1, b"PONG\r\n");
     assert!(a.contains(&Action::CloseUpstream(Epoch(2))), "{a:?}");
     assert_eq!(to_client(&a), b"");
     assert_eq!((h.s.stats().failovers, h.s.stats().migrations), (0, 0));
     assert_eq!(h.s.upstream_addr(), Some("127.0.0.1:4222"));
-    // Traffic goes on on the primary, on the fast path again.
+    // The primary's copy of m3 comes after its PONG: still dropped.
+    assert_eq!(to_client(&h.upstream(1, b"MSG foo 1 2\r\nm3\r\n")), b"");
     assert_eq!(
-        to_client(&h.upstream(1, b"MSG foo 1 2\r\nm3\r\n")),
-        b"MSG foo 1 2\r\nm3\r\n"
+        to_client(&h.upstream(1, b"MSG foo 1 2\r\nm4\r\n")),
+        b"MSG foo 1 2\r\nm4\r\n"
+    );
+    assert_eq!(h.s.stats().duplicates_suppressed, 2);
+    // Caught up: the overlap ends after the settle delay; the fast path again.
+    h.now += DEFAULT_SETTLE;
+    h.s.handle_timeout(h.now);
+    assert!(!h.s.overlap.filters(Epoch(1)), "no overlap left");
+    assert_eq!(
+        to_client(&h.upstream(1, b"MSG foo 1 2\r\nm5\r\n")),
+        b"MSG foo 1 2\r\nm5\r\n"
     );
 }
 
 #[test]
 fn a_primary_found_dead_promotes_the_standby_with_nothing_lost_or_twice() {
     let mut h = hedging();
-    // The primary delivers m2, then freezes; the standby delivers m2 and m3, held while
-    // the primary might still deliver them.
+    // The primary delivers m2, then freezes; the standby's m2 is dropped, its m3 goes
+    // out at once.
     assert_eq!(
         to_client(&h.upstream(1, b"MSG foo 1 2\r\nm2\r\n")),
         b"MSG foo 1 2\r\nm2\r\n"
     );
     assert_eq!(
         to_client(&h.upstream(2, b"MSG foo 1 2\r\nm2\r\nMSG foo 1 2\r\nm3\r\n")),
-        b""
+        b"MSG foo 1 2\r\nm3\r\n"
     );
     // Stale: ping_interval × 2 after the PING.
     let mut closed = false;
@@ -86,11 +119,7 @@ fn a_primary_found_dead_promotes_the_standby_with_nothing_lost_or_twice() {
         h.s.handle_timeout(h.now);
         let a = h.actions();
         if a.contains(&Action::CloseUpstream(Epoch(1))) {
-            assert_eq!(
-                to_client(&a),
-                b"MSG foo 1 2\r\nm3\r\n",
-                "m2 was delivered already"
-            );
+            assert_eq!(to_client(&a), b"", "nothing was held back");
             closed = true;
             break;
         }
@@ -102,6 +131,7 @@ fn a_primary_found_dead_promotes_the_standby_with_nothing_lost_or_twice() {
         to_client(&h.upstream(2, b"MSG foo 1 2\r\nm4\r\n")),
         b"MSG foo 1 2\r\nm4\r\n"
     );
+    assert_eq!(h.s.stats().duplicates_suppressed, 1);
 }
 
 #[test]
@@ -169,13 +199,10 @@ fn a_standby_promoted_right_after_a_migration_gives_nothing_of_the_old_link_twic
     h.s.handle_upstream_connected(e3, h.now);
     h.upstream(e3.0, INFO_B);
     h.upstream(e3.0, b"PONG\r\nPONG\r\n");
-    // C's window starts at m2, which only A delivered; B delivers nothing more.
-    assert_eq!(
-        to_client(&h.upstream(e3.0, b"MSG foo 1 2\r\nm2\r\nMSG foo 1 2\r\nm3\r\n")),
-        b""
-    );
-    // B found dead: C is promoted; its m2 is A's, m3 is new.
-    let mut out = Vec::new();
+    // C's window starts at m2, which only A delivered (dropped); m3 is new and goes out
+    // at once (hedged delivery); B delivers nothing more.
+    let mut out = to_client(&h.upstream(e3.0, b"MSG foo 1 2\r\nm2\r\nMSG foo 1 2\r\nm3\r\n"));
+    // B found dead: C is promoted, with nothing more to give.
     while h.s.stats().failovers == 0 {
         h.now = h.s.poll_timeout().expect("a timer");
         h.s.handle_timeout(h.now);
@@ -210,4 +237,78 @@ fn a_new_primary_is_not_suspect_for_a_ping_it_owed_during_the_migration() {
         }
     };
     assert_eq!(hedged_at, steady + DEFAULT_HEDGE_AFTER);
+}
+
+/// What went upstream on `epoch`.
+fn to_epoch(a: &[Action], epoch: Epoch) -> String {
+    let bytes: Vec<u8> = a
+        .iter()
+        .filter_map(|a| match a {
+            Action::ToUpstream(e, b) if *e == epoch => Some(b.to_vec()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    String::from_utf8(bytes).unwrap()
+}
+
+#[test]
+fn while_hedging_pulls_go_through_the_standby_once_and_acks_through_both() {
+    let mut h = hedging();
+    let a = h.client(b"SUB _INBOX.x.1 2\r\n");
+    assert!(to_epoch(&a, Epoch(1)).contains("SUB _INBOX.x.1 2"), "{a:?}");
+    assert!(to_epoch(&a, Epoch(2)).contains("SUB _INBOX.x.1 2"), "{a:?}");
+    let body = br#"{"batch":10,"expires":30000000000}"#;
+    let pull = [
+        format!(
+            "PUB $JS.API.CONSUMER.MSG.NEXT.S.C _INBOX.x.1 {}\r\n",
+            body.len()
+        )
+        .as_bytes(),
+        body,
+        b"\r\n",
+    ]
+    .concat();
+    let a = h.client(&pull);
+    assert!(to_epoch(&a, Epoch(2)).contains("MSG.NEXT.S.C"), "{a:?}");
+    assert!(!to_epoch(&a, Epoch(1)).contains("MSG.NEXT"), "once: {a:?}");
+    // Its delivery through the standby goes out at once.
+    let d = b"MSG logs.a 2 $JS.ACK.S.C.1.7.7.1700000000000000000.0 2\r\nd1\r\n";
+    assert_eq!(to_client(&h.upstream(2, d)), d);
+    let a = h.client(b"PUB $JS.ACK.S.C.1.7.7.1700000000000000000.0 0\r\n\r\n");
+    assert!(
+        to_epoch(&a, Epoch(1)).contains("$JS.ACK.S.C.1.7.7"),
+        "{a:?}"
+    );
+    assert!(
+        to_epoch(&a, Epoch(2)).contains("$JS.ACK.S.C.1.7.7"),
+        "{a:?}"
+    );
+    // The frozen primary's copy of the delivery, when it thaws: dropped.
+    assert_eq!(to_client(&h.upstream(1, d)), b"");
+    // Steady again (the primary answered): pulls and acks go to the primary only.
+    h.upstream(1, b"PONG\r\n");
+    let a = h.client(&pull);
+    assert!(to_epoch(&a, Epoch(2)).is_empty(), "{a:?}");
+}
+
+#[test]
+fn a_pull_the_suspect_primary_holds_goes_again_through_the_standby() {
+    let body = br#"{"batch":10,"expires":30000000000}"#;
+    let pull = [
+        b"SUB _INBOX.y.1 2\r\n".as_slice(),
+        format!(
+            "PUB $JS.API.CONSUMER.MSG.NEXT.S.C _INBOX.y.1 {}\r\n",
+            body.len()
+        )
+        .as_bytes(),
+        body,
+        b"\r\n",
+    ]
+    .concat();
+    let (h, standby_up) = hedging_after(&pull);
+    let on_b = to_epoch(&standby_up, Epoch(2));
+    let (sub, next) = (on_b.find("SUB _INBOX.y.1 2"), on_b.find("MSG.NEXT.S.C"));
+    assert!(sub.is_some() && next > sub, "behind its SUB: {on_b}");
+    assert!(h.s.stats().pulls_reissued >= 1);
 }
