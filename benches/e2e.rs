@@ -617,15 +617,34 @@ async fn run(opts: Opts) {
         );
     }
 
-    // Publisher throughput.
-    if opts.runs("pub") {
+    // Publisher throughput, and what the publish path costs each process in CPU.
+    for &size in sizes.iter().filter(|_| opts.runs("pub")) {
         let mut pr = Vec::new();
         let mut pd = std::collections::HashMap::<&str, Vec<f64>>::new();
+        let (mut cpu_per_m, mut relay_cpu_per_m, mut cpu_ratio) =
+            (Vec::new(), Vec::new(), Vec::new());
+        let mut peak_rss = 0;
         for round in 0..rounds {
             let mut this = std::collections::HashMap::new();
+            let mut cpu = std::collections::HashMap::new();
             let order = round_order(&paths, round);
             for p in order {
-                let r = pub_throughput(&env, p, 128, n_sub).await;
+                let pid = match p {
+                    Path::Relay => env.relay_pid,
+                    _ => env.proxy_pid,
+                };
+                let (cpu0, _) = usage(pid);
+                let r = pub_throughput(&env, p, size, n_sub).await;
+                let (cpu1, rss) = usage(pid);
+                let per_m = (cpu1 - cpu0) / n_sub as f64 * 1e6;
+                cpu.insert(p, per_m);
+                if p == Path::Proxy {
+                    cpu_per_m.push(per_m);
+                    peak_rss = peak_rss.max(rss);
+                }
+                if p == Path::Relay {
+                    relay_cpu_per_m.push(per_m);
+                }
                 this.insert(p, r);
                 pd.entry(match p {
                     Path::Direct => "direct",
@@ -636,12 +655,33 @@ async fn run(opts: Opts) {
                 .push(r);
             }
             pr.push(this[&Path::Proxy] / this[&Path::Relay]);
+            if cpu[&Path::Relay] > 0.0 {
+                cpu_ratio.push(cpu[&Path::Proxy] / cpu[&Path::Relay]);
+            }
         }
-        println!("\n### Publisher throughput through the path, 128 B\n\n| path | msg/s (median) |\n|---|---|");
+        println!("\n### Publisher throughput through the path, {size} B ({n_sub} messages per run; medians of {rounds} rounds)\n\n| path | msg/s (median) |\n|---|---|");
         for k in ["direct", "relay", "natsproxy"] {
             println!("| {k} | {:.0} |", median(pd[k].clone()));
         }
         println!("| natsproxy / relay (median ratio) | {:.3} |", median(pr));
+        println!(
+            "| natsproxy CPU s per million messages | {:.3} |",
+            median(cpu_per_m)
+        );
+        println!(
+            "| relay CPU s per million messages | {:.3} |",
+            median(relay_cpu_per_m)
+        );
+        if !cpu_ratio.is_empty() {
+            println!(
+                "| natsproxy / relay CPU (median ratio) | {:.2} |",
+                median(cpu_ratio)
+            );
+        }
+        println!(
+            "| natsproxy RSS after a run (largest) | {:.1} MiB |",
+            peak_rss as f64 / 1024.0
+        );
     }
     // Request/reply latency.
     if opts.runs("rr") {
