@@ -7,9 +7,31 @@ use bytes::{Buf, BytesMut};
 use super::args;
 use super::error::ProtoError;
 use super::fast;
-use super::framer::{Framer, Step, Verb, CLIENT_VERBS};
+use super::framer::{skip_blanks, Framer, Step, Verb, CLIENT_VERBS};
 use super::op::{ClientOp, Span};
 use super::Limits;
+
+/// A complete `PUB` frame seen in place by [`ClientDecoder::peek_pub`]: offsets from the
+/// start of the buffer it was found in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PubView {
+    /// Bytes of the whole frame, control line to the payload's `\r\n`.
+    pub frame_len: usize,
+    pub subject: Span,
+    pub reply: Option<Span>,
+}
+
+impl PubView {
+    /// Whether `m`, decoded from the same bytes `buf` this view was peeked in, is the same
+    /// publish: what the tests and fuzz targets assert of the fast path.
+    pub fn agrees_with(&self, buf: &[u8], m: &super::op::Message) -> bool {
+        let f = &buf[..self.frame_len];
+        m.raw[..] == *f
+            && !m.has_headers()
+            && m.subject() == &f[self.subject.range()]
+            && m.reply() == self.reply.map(|r| &f[r.range()])
+    }
+}
 
 /// Decodes what a client sends.
 pub struct ClientDecoder {
@@ -36,6 +58,42 @@ impl ClientDecoder {
     /// Updates the limits (the payload limit comes from the upstream INFO).
     pub fn set_limits(&mut self, limits: Limits) {
         self.limits = limits;
+    }
+
+    /// A complete, well-formed `PUB` frame at the start of `buf`, without consuming it:
+    /// the relay's fast path for publishes. `None` when anything is unusual: a frame in
+    /// progress, not `PUB ` in its canonical spelling, the line not ending in `\r\n`, the
+    /// frame incomplete, or [`decode`](Self::decode) would fail. Then `decode` handles
+    /// it, so a `Some` always agrees with what `decode` returns for the same bytes (the
+    /// tests and the fuzz targets check).
+    #[inline]
+    pub fn peek_pub(&self, buf: &[u8]) -> Option<PubView> {
+        if self.framer.pending.is_some() || self.framer.scanned != 0 || !buf.starts_with(b"PUB ") {
+            return None;
+        }
+        let window = &buf[..buf.len().min(4 + self.limits.max_control_line + 2)];
+        let nl = 4 + memchr::memchr(b'\n', &window[4..])?;
+        if buf[nl - 1] != b'\r' {
+            return None;
+        }
+        let args = skip_blanks(buf, 4, nl - 1);
+        if nl - 1 - args > self.limits.max_control_line {
+            return None;
+        }
+        let (subject, reply, size) = fast::pub_args(buf, args, nl - 1)?;
+        let size = fast::parse_size(&buf[size.range()])?;
+        if size > self.limits.max_payload {
+            return None;
+        }
+        let frame_len = nl + 1 + size + 2;
+        if buf.len() < frame_len || &buf[frame_len - 2..frame_len] != b"\r\n" {
+            return None;
+        }
+        Some(PubView {
+            frame_len,
+            subject,
+            reply,
+        })
     }
 
     /// Decodes the next op from `buf`, consuming its bytes. `Ok(None)`: need more bytes.

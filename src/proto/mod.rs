@@ -19,7 +19,7 @@ mod server_err;
 pub(crate) mod status;
 pub(crate) mod subject;
 
-pub use decode_client::ClientDecoder;
+pub use decode_client::{ClientDecoder, PubView};
 pub use decode_server::{MsgView, ServerDecoder};
 pub use error::ProtoError;
 pub use op::{ClientOp, Message, ServerOp};

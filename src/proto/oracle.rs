@@ -3,9 +3,9 @@
 //!
 //! - the same bytes fed whole or in any chunks give the same ops and the same first
 //!   error (decoding stops there, as the proxy does);
-//! - wherever the relay's fast path ([`ServerDecoder::peek_msg`]) sees a message,
-//!   `decode` returns that message; where `decode` needs more bytes or fails, the fast
-//!   path sees nothing.
+//! - wherever the relay's fast paths ([`ServerDecoder::peek_msg`],
+//!   [`ClientDecoder::peek_pub`]) see a message, `decode` returns that message; where
+//!   `decode` needs more bytes or fails, the fast path sees nothing.
 //!
 //! A failed check panics with the input, which is what both harnesses want.
 
@@ -16,7 +16,8 @@ use super::{ClientDecoder, ClientOp, Limits, ProtoError, ServerDecoder, ServerOp
 /// What decoding a byte stream gave: the ops, then the error that stopped it, if any.
 pub type Decoded<Op> = (Vec<Op>, Option<ProtoError>);
 
-/// Feeds `chunks` one after another to a client-direction decoder.
+/// Feeds `chunks` one after another to a client-direction decoder, checking the fast
+/// path against `decode` before every op.
 pub fn client_chunks(limits: Limits, headers: bool, chunks: &[&[u8]]) -> Decoded<ClientOp> {
     let mut d = ClientDecoder::new(limits);
     d.set_headers(headers);
@@ -25,10 +26,28 @@ pub fn client_chunks(limits: Limits, headers: bool, chunks: &[&[u8]]) -> Decoded
     for c in chunks {
         buf.extend_from_slice(c);
         loop {
+            let view = d.peek_pub(&buf);
+            let before = buf.clone();
             match d.decode(&mut buf) {
-                Ok(Some(op)) => ops.push(op),
-                Ok(None) => break,
-                Err(e) => return (ops, Some(e)),
+                Ok(Some(op)) => {
+                    if let Some(v) = view {
+                        match &op {
+                            ClientOp::Pub(m) => {
+                                assert!(v.agrees_with(&before, m), "{v:?} {m:?} in {before:?}")
+                            }
+                            other => panic!("peek saw a PUB, decode {other:?} in {before:?}"),
+                        }
+                    }
+                    ops.push(op)
+                }
+                Ok(None) => {
+                    assert!(view.is_none(), "peek saw a PUB in an incomplete frame");
+                    break;
+                }
+                Err(e) => {
+                    assert!(view.is_none(), "peek saw a PUB where decode failed: {e:?}");
+                    return (ops, Some(e));
+                }
             }
         }
     }

@@ -22,8 +22,9 @@ pub const CONFIRM_BYTES: usize = 64 * 1024;
 /// A client op waiting for a primary that accepts traffic.
 #[derive(Debug)]
 pub(super) enum Pending {
-    /// A client publish, kept until confirmed.
-    Data(Bytes),
+    /// Client publishes (one frame, or a run of them read together: how many), kept
+    /// until confirmed.
+    Data(Bytes, u32),
     /// A publish the proxy does not keep for re-sending (pull requests: the tracker does).
     Untracked(Bytes),
     Ping,
@@ -32,7 +33,7 @@ pub(super) enum Pending {
 impl Pending {
     fn bytes(&self) -> usize {
         match self {
-            Pending::Data(b) | Pending::Untracked(b) => b.len(),
+            Pending::Data(b, _) | Pending::Untracked(b) => b.len(),
             Pending::Ping => 0,
         }
     }
@@ -56,6 +57,11 @@ pub(super) struct Backlog {
 }
 
 impl Backlog {
+    /// True when nothing waits in the queue.
+    pub(super) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
     /// Bytes waiting in the queue.
     pub(super) fn bytes(&self) -> usize {
         self.bytes
@@ -110,8 +116,8 @@ impl Backlog {
     /// The one write path of a client op to a link.
     fn write(&mut self, l: &mut Link, p: Pending, now: Instant, out: &mut VecDeque<Action>) {
         let frame = match p {
-            Pending::Data(b) => {
-                l.publish_sent(b.clone());
+            Pending::Data(b, msgs) => {
+                l.publish_sent(b.clone(), msgs);
                 self.unpinged = true;
                 b
             }
@@ -194,7 +200,7 @@ mod tests {
         let (mut b, mut out) = (Backlog::default(), VecDeque::new());
         b.send(
             None,
-            Pending::Data(Bytes::from_static(b"PUB a 1\r\nx\r\n")),
+            Pending::Data(Bytes::from_static(b"PUB a 1\r\nx\r\n"), 1),
             now,
             &mut out,
         );
@@ -235,7 +241,7 @@ mod tests {
         let mut l = link(now);
         b.send(
             Some(&mut l),
-            Pending::Data(Bytes::from_static(b"PUB a 0\r\n\r\n")),
+            Pending::Data(Bytes::from_static(b"PUB a 0\r\n\r\n"), 1),
             now,
             &mut out,
         );
@@ -246,11 +252,11 @@ mod tests {
         assert_eq!(out.len(), 2, "the confirmation PING");
         assert_eq!(l.pings.len(), 1);
         let big = Bytes::from(vec![b'x'; CONFIRM_BYTES]);
-        b.send(Some(&mut l), Pending::Data(big), now, &mut out);
+        b.send(Some(&mut l), Pending::Data(big, 1), now, &mut out);
         b.confirm_soon(Some(&mut l), now, &mut out);
         assert_eq!((out.len(), b.confirm_at()), (4, None), "at once");
         // Requeued after a link died: in front, counted again.
-        b.requeue_front([Pending::Data(Bytes::from_static(b"PUB a 0\r\n\r\n"))].into_iter());
+        b.requeue_front([Pending::Data(Bytes::from_static(b"PUB a 0\r\n\r\n"), 1)].into_iter());
         assert_eq!(b.bytes(), 11);
     }
 }

@@ -150,7 +150,7 @@ impl Session {
                 .actions
                 .push_back(Action::ToUpstream(epoch, m.raw.clone()));
         }
-        self.send_publish(Pending::Data(m.raw));
+        self.send_publish(Pending::Data(m.raw, 1));
         self.reply_ok();
     }
 
@@ -320,7 +320,7 @@ impl Session {
         } else {
             debug!(reply = %String::from_utf8_lossy(reply), "acked again a delivery the client had acked");
             self.stats.redeliveries_acked += 1;
-            self.send_publish(Pending::Data(encode::publish(reply, None, None, b"")));
+            self.send_publish(Pending::Data(encode::publish(reply, None, None, b""), 1));
         }
         if !self.js.pulls.is_empty() {
             self.js

@@ -62,7 +62,8 @@ pub(super) struct Link {
     /// Decoder of this link's byte stream.
     pub(super) decoder: ServerDecoder,
     /// Client publishes written on this link and not yet confirmed by a PONG.
-    pub(super) unconfirmed: VecDeque<(u64, Bytes)>,
+    /// Publishes written and not yet confirmed: (seq, frames, how many publishes).
+    pub(super) unconfirmed: VecDeque<(u64, Bytes, u32)>,
     pub(super) unconfirmed_bytes: usize,
     /// Sequence number of the last client publish written.
     pub(super) seq: u64,
@@ -116,11 +117,11 @@ impl Link {
         });
     }
 
-    /// Records a client publish written on this link.
-    pub(super) fn publish_sent(&mut self, b: Bytes) {
+    /// Records `msgs` client publishes (`b`, one or a run of frames) written on this link.
+    pub(super) fn publish_sent(&mut self, b: Bytes, msgs: u32) {
         self.seq += 1;
         self.unconfirmed_bytes += b.len();
-        self.unconfirmed.push_back((self.seq, b));
+        self.unconfirmed.push_back((self.seq, b, msgs));
     }
 
     /// The server announced lame duck mode; true the first time.
@@ -144,8 +145,8 @@ impl Link {
         if e.owner == PingOwner::Handshake {
             self.accepted = true;
         }
-        while self.unconfirmed.front().is_some_and(|(s, _)| *s <= e.mark) {
-            if let Some((_, b)) = self.unconfirmed.pop_front() {
+        while self.unconfirmed.front().is_some_and(|(s, ..)| *s <= e.mark) {
+            if let Some((_, b, _)) = self.unconfirmed.pop_front() {
                 self.unconfirmed_bytes -= b.len();
             }
         }

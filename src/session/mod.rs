@@ -121,7 +121,7 @@ use tracing::warn;
 
 use self::action::Outbox;
 use self::backlog::Backlog;
-use self::client_side::ClientSide;
+use self::client_side::{ClientSide, ClientState};
 use self::dialing::Dialing;
 use self::jetstream::acks::{Recipient, Seen};
 use self::jetstream::JetStream;
@@ -317,9 +317,36 @@ impl Session {
     /// Bytes read from the client: decodes and handles every complete op in `buf`.
     pub fn handle_client_bytes(&mut self, buf: &mut BytesMut, now: Instant) {
         self.now = now;
+        // Fast path: `buf[..run]` holds `msgs` plain publishes, seen in place and written
+        // upstream as one frame, kept as one until confirmed, before anything after them
+        // is handled (order) and before returning.
+        let (mut run, mut msgs) = (0, 0);
+        // Only an op on the full path changes what `plain_publishes` looks at.
+        let mut plain = self.plain_publishes();
         while self.client.is_open() {
+            if let Some(v) = plain
+                .then(|| self.client.dec.peek_pub(&buf[run..]))
+                .flatten()
+            {
+                let subject = &buf[run..][v.subject.range()];
+                // JetStream's own (acks, pull requests, API calls) take the full path.
+                if !subject.starts_with(b"$JS.")
+                    && (v.reply.is_none() || !jetstream::is_pull_subject(subject))
+                {
+                    run += v.frame_len;
+                    msgs += 1;
+                    continue;
+                }
+            }
+            if run > 0 {
+                self.send_publish_run(buf, run, msgs);
+                (run, msgs) = (0, 0);
+            }
             match self.client.dec.decode(buf) {
-                Ok(Some(op)) => self.handle_client_op(op, now),
+                Ok(Some(op)) => {
+                    self.handle_client_op(op, now);
+                    plain = self.plain_publishes();
+                }
                 Ok(None) => break,
                 Err(e) => {
                     self.client_protocol_error(e);
@@ -327,7 +354,31 @@ impl Session {
                 }
             }
         }
+        if run > 0 {
+            self.send_publish_run(buf, run, msgs);
+        }
         self.confirm_publishes();
+    }
+
+    /// Whether a plain publish needs nothing but to be written to the primary: connected,
+    /// neither verbose nor pedantic, no own publish to remember (`echo: false` during an
+    /// overlap), and the primary taking traffic with nothing queued before it.
+    fn plain_publishes(&self) -> bool {
+        let o = &self.client.opts;
+        self.client.state == ClientState::Connected
+            && !o.verbose
+            && !o.pedantic
+            && (o.echo || self.overlap.live().is_none())
+            && self.backlog.is_empty()
+            && !self.switching()
+            && self.links.primary().is_some_and(Link::established)
+    }
+
+    /// The fast path's run of `msgs` publishes, `buf[..run]`, goes upstream as one frame.
+    fn send_publish_run(&mut self, buf: &mut BytesMut, run: usize, msgs: u32) {
+        self.stats.msgs_to_upstream += u64::from(msgs);
+        let frames = buf.split_to(run).freeze();
+        self.send_publish(backlog::Pending::Data(frames, msgs));
     }
 
     /// The client closed its connection (or it failed).

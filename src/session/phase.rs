@@ -382,7 +382,7 @@ impl Session {
         self.stats.failovers += 1;
         self.pool.mark_failed(&dead.addr, now);
         warn!(upstream = %dead.addr, server = %dead.server_name(), %reason, "upstream lost; failing over");
-        self.stats.publishes_resent += dead.unconfirmed.len() as u64;
+        self.stats.publishes_resent += dead.unconfirmed.iter().map(|u| u64::from(u.2)).sum::<u64>();
         if served || dead.refusal.is_none() {
             // PONGs the dead link owed the client: answer them, the client must not stall
             // (an outage: also when the node closed before it took our CONNECT).
@@ -393,7 +393,10 @@ impl Session {
             }
             self.flush_replies();
             // Publishes it never confirmed go out again first (acks are idempotent).
-            let again = dead.unconfirmed.into_iter().map(|(_, b)| Pending::Data(b));
+            let again = dead
+                .unconfirmed
+                .into_iter()
+                .map(|(_, b, n)| Pending::Data(b, n));
             self.backlog.requeue_front(again);
         } else {
             // The node refused our CONNECT, so it processed nothing written after it,
@@ -403,7 +406,7 @@ impl Session {
             let mut again: Vec<(u64, Pending)> = dead
                 .unconfirmed
                 .into_iter()
-                .map(|(seq, b)| (seq, Pending::Data(b)))
+                .map(|(seq, b, n)| (seq, Pending::Data(b, n)))
                 .collect();
             for p in dead.pings.iter().filter(|p| p.owner == PingOwner::Client) {
                 // After the publishes it followed (seq <= mark), before the rest.

@@ -215,3 +215,89 @@ fn garbage_from_upstream_is_a_lost_link_not_a_panic() {
     );
     assert!(!h.s.is_closed());
 }
+
+/// The upstream-bound actions, each as text.
+fn upstream_frames(a: &[Action]) -> Vec<String> {
+    a.iter()
+        .filter_map(|a| match a {
+            Action::ToUpstream(_, b) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Connected as real clients connect: not verbose, not pedantic.
+fn connected_plain() -> H {
+    let mut h = H::connected();
+    let a = h.client(b"CONNECT {\"verbose\":false,\"pedantic\":false,\"headers\":true}\r\n");
+    assert!(to_client(&a).is_empty());
+    h
+}
+
+#[test]
+fn plain_publishes_go_upstream_as_one_frame_in_order_with_the_rest() {
+    let mut h = connected_plain();
+    let a = h.client(
+        b"PUB a 1\r\nx\r\nPUB  b\tr 2\r\nyy\r\nPUB $JS.ACK.S.C.1.1.1.1.0 0\r\n\r\npub c 1\r\nz\r\nPUB d 1\r\nw\r\nPING\r\n",
+    );
+    assert_eq!(
+        upstream_frames(&a),
+        [
+            "PUB a 1\r\nx\r\nPUB  b\tr 2\r\nyy\r\n",
+            "PUB $JS.ACK.S.C.1.1.1.1.0 0\r\n\r\n",
+            "pub c 1\r\nz\r\n",
+            "PUB d 1\r\nw\r\n",
+            "PING\r\n",
+        ],
+        "a run, the ack on the full path, a spelling the fast path leaves to decode"
+    );
+    assert_eq!(h.s.stats().msgs_to_upstream, 5);
+    assert_eq!(to_client(&h.upstream(1, b"PONG\r\n")), b"PONG\r\n");
+    // An incomplete publish waits in the read buffer for its end, then goes.
+    let mut buf = BytesMut::from(&b"PUB e 3\r\nab"[..]);
+    h.s.handle_client_bytes(&mut buf, h.now);
+    assert!(upstream_frames(&h.actions()).is_empty());
+    buf.extend_from_slice(b"c\r\nPUB f 1\r\ng\r\n");
+    h.s.handle_client_bytes(&mut buf, h.now);
+    assert_eq!(
+        upstream_frames(&h.actions()),
+        ["PUB e 3\r\nabc\r\n", "PUB f 1\r\ng\r\n"]
+    );
+    assert!(buf.is_empty());
+    // Too large for the server's max_payload (2048): the server's -ERR, as before.
+    let big = format!("PUB h 4096\r\n{}\r\n", "x".repeat(4096));
+    let a = h.client(big.as_bytes());
+    assert_eq!(
+        to_client(&a),
+        b"-ERR 'Maximum Payload Violation'\r\n",
+        "{a:?}"
+    );
+}
+
+#[test]
+fn a_run_of_publishes_lost_with_its_link_is_sent_again_and_counted_each() {
+    let mut h = connected_plain();
+    let a = h.client(b"PUB a 1\r\nx\r\nPUB a 1\r\ny\r\nPUB a 1\r\nz\r\n");
+    assert_eq!(upstream_frames(&a).len(), 1, "one run");
+    h.s.handle_upstream_lost(Epoch(1), h.now);
+    let (e2, _) = dial_of(&h.actions()).expect("redial");
+    h.s.handle_upstream_connected(e2, h.now);
+    let up = upstream_frames(&h.upstream(e2.0, INFO_B)).concat();
+    assert!(
+        up.ends_with("PUB a 1\r\nx\r\nPUB a 1\r\ny\r\nPUB a 1\r\nz\r\n"),
+        "{up}"
+    );
+    assert_eq!(h.s.stats().publishes_resent, 3);
+}
+
+#[test]
+fn a_verbose_client_gets_an_ok_per_publish() {
+    let mut h = H::connected();
+    h.client(b"CONNECT {\"verbose\":true}\r\n");
+    let a = h.client(b"PUB a 1\r\nx\r\nPUB a 1\r\ny\r\n");
+    assert_eq!(to_client(&a), b"+OK\r\n+OK\r\n");
+    assert_eq!(
+        upstream_frames(&a).concat(),
+        "PUB a 1\r\nx\r\nPUB a 1\r\ny\r\n"
+    );
+}
