@@ -124,6 +124,11 @@ impl Link {
         self.unconfirmed.push_back((self.seq, b, msgs));
     }
 
+    /// Client publishes written and not yet confirmed.
+    pub(super) fn unconfirmed_msgs(&self) -> u64 {
+        self.unconfirmed.iter().map(|u| u64::from(u.2)).sum()
+    }
+
     /// The server announced lame duck mode; true the first time.
     pub(super) fn mark_leaving(&mut self) -> bool {
         !std::mem::replace(&mut self.leaving, true)

@@ -376,13 +376,13 @@ impl Session {
 
     /// Steady or Migrating ─ the primary is gone without a completed switch ─► Outage
     /// (and at once Steady again if a standby is up).
-    pub(super) fn failover(&mut self, dead: Link, reason: MoveReason) {
+    pub(super) fn failover(&mut self, mut dead: Link, reason: MoveReason) {
         let now = self.now;
         let served = dead.is_accepted();
         self.stats.failovers += 1;
         self.pool.mark_failed(&dead.addr, now);
         warn!(upstream = %dead.addr, server = %dead.server_name(), %reason, "upstream lost; failing over");
-        self.stats.publishes_resent += dead.unconfirmed.iter().map(|u| u64::from(u.2)).sum::<u64>();
+        self.stats.publishes_resent += dead.unconfirmed_msgs();
         if served || dead.refusal.is_none() {
             // PONGs the dead link owed the client: answer them, the client must not stall
             // (an outage: also when the node closed before it took our CONNECT).
@@ -399,22 +399,7 @@ impl Session {
                 .map(|(_, b, n)| Pending::Data(b, n));
             self.backlog.requeue_front(again);
         } else {
-            // The node refused our CONNECT, so it processed nothing written after it,
-            // and the next may refuse it too: the client's PINGs go out again, in their
-            // places among its publishes (a PONG now would claim what no server did;
-            // if every node refuses, the client gets the -ERR instead, as directly).
-            let mut again: Vec<(u64, Pending)> = dead
-                .unconfirmed
-                .into_iter()
-                .map(|(seq, b, n)| (seq, Pending::Data(b, n)))
-                .collect();
-            for p in dead.pings.iter().filter(|p| p.owner == PingOwner::Client) {
-                // After the publishes it followed (seq <= mark), before the rest.
-                let at = again.partition_point(|(seq, _)| *seq <= p.mark);
-                again.insert(at, (p.mark, Pending::Ping));
-            }
-            self.backlog
-                .requeue_front(again.into_iter().map(|(_, item)| item));
+            self.requeue_refused(&mut dead);
         }
         if self.overlap.live().is_some_and(|d| d.covers(dead.epoch)) {
             self.old_link_done();
@@ -457,6 +442,24 @@ impl Session {
             None if served => self.start_dial(),
             None => self.schedule_dial(),
         }
+    }
+
+    /// The dead link refused our CONNECT, so it processed nothing written after it, and
+    /// the next node may refuse it too: the client's PINGs go out again, in their places
+    /// among its publishes (a PONG now would claim what no server did; if every node
+    /// refuses, the client gets the -ERR instead, as directly).
+    fn requeue_refused(&mut self, dead: &mut Link) {
+        let mut again: Vec<(u64, Pending)> = std::mem::take(&mut dead.unconfirmed)
+            .into_iter()
+            .map(|(seq, b, n)| (seq, Pending::Data(b, n)))
+            .collect();
+        for p in dead.pings.iter().filter(|p| p.owner == PingOwner::Client) {
+            // After the publishes it followed (seq <= mark), before the rest.
+            let at = again.partition_point(|(seq, _)| *seq <= p.mark);
+            again.insert(at, (p.mark, Pending::Ping));
+        }
+        self.backlog
+            .requeue_front(again.into_iter().map(|(_, item)| item));
     }
 
     /// The standby failed before it carried traffic. Starting, with no INFO to the
