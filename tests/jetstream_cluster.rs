@@ -107,6 +107,20 @@ fn spawn_js_publisher(
     })
 }
 
+/// The numbered publisher on the cluster's 4th node: how many it stored, its stop
+/// switch, its task.
+fn publish_from_the_4th_node(
+    cluster: &Cluster,
+) -> (Arc<AtomicU64>, Arc<AtomicBool>, tokio::task::JoinHandle<()>) {
+    let (seq, stop) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let url = cluster.publisher.as_ref().unwrap().url();
+    let task = spawn_js_publisher(url, seq.clone(), stop.clone());
+    (seq, stop, task)
+}
+
 fn record(seen: &Shared, payload: &[u8], delivered: i64) {
     if let Ok(n) = std::str::from_utf8(payload).unwrap_or("").parse::<u64>() {
         seen.lock()
@@ -341,15 +355,7 @@ async fn rolling_restart_with(client: Client) {
     setup_stream(&cluster, 3, None).await;
     let proxy = watched_proxy(&cluster).await;
     let seen: Shared = Arc::default();
-    let (seq, stop) = (
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let publisher = spawn_js_publisher(
-        cluster.publisher.as_ref().unwrap().url(),
-        seq.clone(),
-        stop.clone(),
-    );
+    let (seq, stop, publisher) = publish_from_the_4th_node(&cluster);
     let consumer = spawn_consumer(client, proxy.url(), seen.clone());
     let liveness = LivenessSampler::start(proxy.metrics_addr.unwrap());
     for i in 0..3 {
@@ -397,15 +403,7 @@ async fn r1_consumer_on_the_lame_duck_node_resumes_when_it_returns() {
     setup_stream(&cluster, 1, Some("n1")).await;
     let proxy = watched_proxy(&cluster).await;
     let seen: Shared = Arc::default();
-    let (seq, stop) = (
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let publisher = spawn_js_publisher(
-        cluster.publisher.as_ref().unwrap().url(),
-        seq.clone(),
-        stop.clone(),
-    );
+    let (seq, stop, publisher) = publish_from_the_4th_node(&cluster);
     let consumer = spawn_vector_consumer(proxy.url(), seen.clone());
     let liveness = LivenessSampler::start(proxy.metrics_addr.unwrap());
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -470,15 +468,7 @@ async fn control_r1_consumer_direct_to_the_cluster_fails() {
     let mut cluster = js_cluster().await;
     setup_stream(&cluster, 1, Some("n1")).await;
     let seen: Shared = Arc::default();
-    let (seq, stop) = (
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let publisher = spawn_js_publisher(
-        cluster.publisher.as_ref().unwrap().url(),
-        seq.clone(),
-        stop.clone(),
-    );
+    let (seq, stop, publisher) = publish_from_the_4th_node(&cluster);
     let consumer = spawn_vector_consumer(cluster.nodes[0].url(), seen.clone());
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
@@ -525,15 +515,7 @@ async fn fault_during_consumption(stop_node: bool) {
     setup_stream(&cluster, 3, None).await;
     let proxy = TestProxy::start(&cluster.urls()).await;
     let seen: Shared = Arc::default();
-    let (seq, stop) = (
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let publisher = spawn_js_publisher(
-        cluster.publisher.as_ref().unwrap().url(),
-        seq.clone(),
-        stop.clone(),
-    );
+    let (seq, stop, publisher) = publish_from_the_4th_node(&cluster);
     let consumer = spawn_vector_consumer(proxy.url(), seen.clone());
     let node = within(
         Duration::from_secs(10),
@@ -628,15 +610,7 @@ async fn a_frozen_node_leading_nothing_costs_the_vector_loop_about_a_second() {
     let node = node_leading_nothing(&cluster).await;
     let proxy = TestProxy::start(&[cluster.nodes[node].url()]).await;
     let seen: Shared = Arc::default();
-    let (seq, stop) = (
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let publisher = spawn_js_publisher(
-        cluster.publisher.as_ref().unwrap().url(),
-        seq.clone(),
-        stop.clone(),
-    );
+    let (seq, stop, publisher) = publish_from_the_4th_node(&cluster);
     let consumer = spawn_vector_consumer(proxy.url(), seen.clone());
     // Control: the same loop on a consumer of its own, straight to a node that is not
     // frozen, so that what the cluster does after the thaw shows apart from the proxy.
@@ -792,12 +766,8 @@ async fn soak_rolling_restarts() {
 
     // JetStream: publisher on the 4th node, Vector's consumer through the proxy.
     let seen: Shared = Arc::default();
-    let (seq, stop) = (
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicBool::new(false)),
-    );
+    let (seq, stop, js_pub) = publish_from_the_4th_node(&cluster);
     let publisher_url = cluster.publisher.as_ref().unwrap().url();
-    let js_pub = spawn_js_publisher(publisher_url.clone(), seq.clone(), stop.clone());
     let consumer = spawn_vector_consumer(url.clone(), seen.clone());
     // Core: numbered messages every 2 ms from the 4th node; a subscriber through the proxy.
     let core_client = async_nats::connect(&url).await.unwrap();
