@@ -910,6 +910,95 @@ async fn a_frozen_node_costs_about_a_second_and_a_stall_moves_nothing() {
     proxy.stop().await;
 }
 
+/// The proxy's node frozen 2.5 s under the same load: long enough to be hedged (a PING
+/// unanswered 600 ms), too short to be found dead (4 s). The node thaws and answers: the
+/// standby goes, the proxy stays on its node, and what the thawed node delivers late is
+/// either a copy of what the standby gave (dropped) or what only it had (delivered late,
+/// out of order). Nothing missing, nothing twice, no failover, no disconnect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_thaws_before_its_verdict_ends_the_hedge_with_nothing_twice() {
+    let OnNode {
+        cluster,
+        proxy,
+        events,
+        publisher,
+        sub,
+        node,
+        _client,
+    } = core_client_on_a_node("thawed").await;
+    let seq = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_at = Arc::new(AtomicU64::new(u64::MAX));
+    let rx = spawn_receiver(sub, stop_at.clone());
+    let pubs = spawn_publisher(publisher.clone(), &["data"], 200, seq.clone(), stop.clone());
+    let wait_for = async |n: u64| {
+        within(Duration::from_secs(30), "publishing", async {
+            while seq.load(Ordering::Relaxed) < n {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+    };
+    wait_for(200).await;
+    cluster.stop(node).unwrap();
+    let frozen = Instant::now();
+    within(Duration::from_secs(3), "the hedge", async {
+        while proxy.stats.hedges.get() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let hedged_after = frozen.elapsed();
+    tokio::time::sleep(Duration::from_millis(2500).saturating_sub(hedged_after)).await;
+    cluster.cont(node).unwrap();
+    wait_for(seq.load(Ordering::Relaxed) + 600).await;
+    stop.store(true, Ordering::Relaxed);
+    pubs.await.unwrap();
+    let published = seq.load(Ordering::Relaxed);
+    stop_at.store(published, Ordering::Relaxed);
+    let r = within(Duration::from_secs(30), "receiver", rx)
+        .await
+        .unwrap();
+    let late = r.seqs.windows(2).filter(|w| w[1] < w[0]).count();
+    let mut sorted = r.seqs.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let twice = r.seqs.len() - sorted.len();
+    let missing = published - sorted.len() as u64;
+    println!(
+        "frozen 2.5 s at 200 msg/s, hedged after {hedged_after:?}: {missing} of {published} missing {:?}, {twice} twice, {late} late (out of order), largest gap {:?}; hedges {}, failovers {}, migrations {}",
+        missing_ranges(&sorted, published),
+        r.max_gap,
+        proxy.stats.hedges.get(),
+        proxy.stats.failovers.get(),
+        proxy.stats.migrations.get()
+    );
+    assert_eq!(twice, 0, "no message twice");
+    assert_eq!(missing, 0, "the thawed node delivers what only it had");
+    assert!(
+        r.max_gap <= Duration::from_millis(1200),
+        "largest gap {:?}",
+        r.max_gap
+    );
+    assert_eq!(
+        (
+            proxy.stats.hedges.get(),
+            proxy.stats.failovers.get(),
+            proxy.stats.migrations.get()
+        ),
+        (1, 0, 0),
+        "hedged, then the node answered"
+    );
+    assert_eq!(cluster.node_of_client("thawed").await, Some(node));
+    assert!(
+        events.lock().unwrap().is_empty(),
+        "{:?}",
+        events.lock().unwrap()
+    );
+    assert_eq!(proxy.stats.clients_accepted.get(), 1);
+    proxy.stop().await;
+}
+
 /// The operator's outage metrics move with a real outage: the only node killed, the
 /// session held without an upstream (gauge 1), the node back (gauge 0, one outage of
 /// about the time it was away observed).
