@@ -22,6 +22,10 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// by `/livez/client`: twice the 30 s pull expiry of async-nats, nats.go and nats.js,
 /// whose idle consumers pull again at least that often.
 pub const DEFAULT_CLIENT_STALL_AFTER: Duration = Duration::from_secs(60);
+/// Default sustained upstream dials per second for the whole process (the dial budget).
+pub const DEFAULT_DIAL_RATE: u32 = 200;
+/// Default upstream dials that may go at once (a lame duck moving every client together).
+pub const DEFAULT_DIAL_BURST: u32 = 1000;
 
 pub use crate::auth::{ClientAuth, Credentials, NkeySeed};
 
@@ -309,8 +313,8 @@ impl Config {
             metrics_listen: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_clients: DEFAULT_MAX_CLIENTS,
-            dial_rate: crate::proxy::budget::DEFAULT_DIAL_RATE,
-            dial_burst: crate::proxy::budget::DEFAULT_DIAL_BURST,
+            dial_rate: DEFAULT_DIAL_RATE,
+            dial_burst: DEFAULT_DIAL_BURST,
             max_client_pending: DEFAULT_MAX_CLIENT_PENDING,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             client_stall_after: DEFAULT_CLIENT_STALL_AFTER,

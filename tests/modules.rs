@@ -1,7 +1,9 @@
-//! The module graph of `src/`: no two sibling modules import each other in a circle,
-//! and the codec (`proto`) never names what sits above it (credentials, sessions, the
-//! shell). Read from the sources' top-level `use` lines (test modules, indented, are left
-//! out), so it fails as soon as a cycle is written.
+//! The shape of `src/`: no two sibling modules import each other in a circle, the codec
+//! (`proto`) never names what sits above it (credentials, sessions, the shell), the
+//! configuration never names the proxy, no two files share a name, and no function or
+//! file is longer than a reader can hold. Imports are read from the sources' top-level
+//! `use` lines (test modules, indented, are left out), so a cycle fails as soon as it is
+//! written.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -404,4 +406,92 @@ fn the_length_check_sees_a_long_function_and_not_braces_in_text() {
     assert!(long_functions(&short).is_empty());
     let tests = format!("#[cfg(test)]\nmod tests {{\n{long}}}\n");
     assert!(long_functions(&tests).is_empty());
+}
+
+/// Every `.rs` file under `dir`, test files and test directories included.
+fn every_rust_file(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            every_rust_file(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Names a module tree repeats by design: a module's root and its tests.
+const SHARED_NAMES: &[&str] = &["mod.rs", "main.rs", "lib.rs", "tests.rs"];
+
+/// One name, one room: a reader who opens `overlap.rs` knows which one it is.
+#[test]
+fn no_two_files_under_src_share_a_name() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    every_rust_file(&src, &mut files);
+    let mut by_name: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for f in &files {
+        let name = f.file_name().unwrap().to_string_lossy().to_string();
+        if !SHARED_NAMES.contains(&name.as_str()) {
+            let rel = f.strip_prefix(&src).unwrap().display().to_string();
+            by_name.entry(name).or_default().push(rel);
+        }
+    }
+    let twice: Vec<String> = by_name
+        .into_iter()
+        .filter(|(_, v)| v.len() > 1)
+        .map(|(n, v)| format!("{n}: {v:?}"))
+        .collect();
+    assert!(files.len() > 30, "files: {files:?}");
+    assert!(twice.is_empty(), "names used twice:\n{}", twice.join("\n"));
+}
+
+/// Longest file, in code lines (neither blank nor only a comment), tests included.
+const MAX_FILE_CODE_LINES: usize = 550;
+
+fn code_lines(text: &str) -> usize {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("//"))
+        .count()
+}
+
+#[test]
+fn no_file_under_src_is_longer_than_a_reader_can_hold() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    every_rust_file(&src, &mut files);
+    let long: Vec<String> = files
+        .iter()
+        .map(|f| (f, code_lines(&std::fs::read_to_string(f).unwrap())))
+        .filter(|&(_, n)| n > MAX_FILE_CODE_LINES)
+        .map(|(f, n)| format!("{} ({n} code lines)", f.display()))
+        .collect();
+    assert_eq!(code_lines("// a\n\n  /// b\nfn x() {}\n"), 1);
+    assert!(
+        long.is_empty(),
+        "over {MAX_FILE_CODE_LINES} code lines:\n{}",
+        long.join("\n")
+    );
+}
+
+/// The shell's configuration sits below the proxy that reads it: `src/config.rs` names
+/// nothing of `proxy` (its defaults live in it, or with what they configure).
+#[test]
+fn the_configuration_names_nothing_of_the_proxy() {
+    let g = graph();
+    let up: Vec<String> = g
+        .edges
+        .iter()
+        .filter(|(from, _)| from.first().is_some_and(|m| m == "config"))
+        .flat_map(|(_, tos)| tos.iter())
+        .filter(|to| to.first().is_some_and(|m| m == "proxy"))
+        .map(|to| to.join("::"))
+        .collect();
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/config.rs"))
+        .unwrap();
+    assert!(
+        up.is_empty() && !text.contains("crate::proxy"),
+        "config uses {up:?}"
+    );
 }

@@ -10,11 +10,6 @@
 
 use std::time::{Duration, Instant};
 
-/// Default sustained dials per second for the whole process.
-pub const DEFAULT_DIAL_RATE: u32 = 200;
-/// Default dials that may go at once (a lame duck moving every client together).
-pub const DEFAULT_DIAL_BURST: u32 = 1000;
-
 /// A token bucket: `burst` tokens, refilled at `rate` per second.
 #[derive(Debug)]
 pub struct DialBudget {

@@ -25,9 +25,9 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::budget::{DialBudget, DEFAULT_DIAL_BURST, DEFAULT_DIAL_RATE};
+use super::budget::DialBudget;
 use super::tls::{TlsError, TlsFiles, UpstreamIo};
-use crate::config::{UpstreamTls, UpstreamUrl};
+use crate::config::{UpstreamTls, UpstreamUrl, DEFAULT_DIAL_BURST, DEFAULT_DIAL_RATE};
 use crate::proto::json::ServerInfo;
 
 /// Bound of the INFO line read before TLS (nats-server's INFO is a few KiB).

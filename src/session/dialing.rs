@@ -18,7 +18,7 @@ use bytes::Bytes;
 use tracing::{debug, warn};
 
 use super::action::Epoch;
-use super::config::MIGRATION_DIAL_RATE;
+use super::session_config::MIGRATION_DIAL_RATE;
 use crate::proto::ServerErr;
 
 /// The window over which a session's dials are counted.

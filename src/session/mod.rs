@@ -90,7 +90,6 @@ mod action;
 mod backlog;
 mod client;
 mod client_side;
-mod config;
 mod dedup;
 mod dialing;
 mod jetstream;
@@ -100,6 +99,7 @@ mod overlap;
 mod phase;
 mod pool;
 mod replies;
+mod session_config;
 mod stats;
 mod subs;
 mod timers;
@@ -107,9 +107,9 @@ mod upstream;
 
 pub use action::{Action, CloseReason, Epoch};
 pub use backlog::{CONFIRM_BYTES, CONFIRM_DELAY};
-pub use config::*;
 pub use dialing::{DIAL_WINDOW, MAX_DIALS_PER_WINDOW};
 pub use jetstream::consuming::{ConsumerActivity, Consuming, MAX_WATCHED_CONSUMERS};
+pub use session_config::*;
 pub use stats::{MoveReason, SessionEvent, SessionStats, MAX_EVENTS, SHIELDED_CODES};
 
 #[cfg(test)]

@@ -57,9 +57,9 @@
 //! `max_hold_bytes` are held back (past it the oldest held message is released early,
 //! counted, and remembered so that A's later copy of it is dropped).
 
-mod overlap;
+mod memory;
 
-pub use overlap::{fingerprint, Dedup, Tally, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_HOLD_BYTES};
+pub use memory::{fingerprint, Dedup, Tally, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_HOLD_BYTES};
 
 #[cfg(test)]
 mod tests;

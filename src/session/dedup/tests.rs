@@ -1,6 +1,6 @@
 //! The overlap's tests: matching, ambiguity, bounds, echo and the proof of overlap.
 
-use super::overlap::*;
+use super::memory::*;
 use crate::session::action::Epoch;
 use bytes::Bytes;
 use proptest::prelude::*;

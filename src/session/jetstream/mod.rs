@@ -15,7 +15,7 @@
 pub mod acks;
 pub mod consuming;
 pub mod heartbeat;
-pub mod phase;
+pub mod pull_phase;
 pub mod request;
 pub mod tracker;
 

@@ -19,7 +19,7 @@ use crate::proto::{encode, Message};
 
 /// Largest idle heartbeat the proxy asks of the server for a request: a request lost
 /// without a status (its consumer leader moved before it replicated, or an R1 consumer's
-/// node went lame duck) is noticed after two of them and [`HB_SLACK`](super::phase::HB_SLACK),
+/// node went lame duck) is noticed after two of them and [`HB_SLACK`](super::pull_phase::HB_SLACK),
 /// 250 ms after its last sign. The price: 10 small statuses (about 90 bytes each) a
 /// second per request waiting idle, which the proxy swallows; 10,000 a second (0.9 MB/s
 /// from the servers) for a shared proxy whose 1,000 clients each keep one waiting. A

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::phase::{place, Due, Hidden, Placement, PullPhase, Request, PROBE_INTERVAL};
+use super::pull_phase::{place, Due, Hidden, Placement, PullPhase, Request, PROBE_INTERVAL};
 use super::request::{self, Ask, Sequences};
 use crate::proto::status::{PullStatus, Rejection};
 use crate::proto::Message;

@@ -297,7 +297,7 @@ fn pull_statuses_through_the_session_shielded_or_passed_by_class() {
             let expires = if line.contains("Leadership") {
                 Duration::from_secs(30).as_nanos()
             } else {
-                crate::session::jetstream::phase::PROBE_EXPIRES.as_nanos()
+                crate::session::jetstream::pull_phase::PROBE_EXPIRES.as_nanos()
             };
             assert!(
                 up.contains("PUB $JS.API.CONSUMER.MSG.NEXT.LOGS.CV _INBOX.v ")
