@@ -43,6 +43,7 @@ fn main() {
                 .map(|v| v.parse().expect("--sizes 128,1024"))
                 .collect()
         }),
+        messages: value("--messages").map(|m| m.parse().expect("--messages N")),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -70,6 +71,8 @@ struct Opts {
     only: Option<String>,
     rounds: Option<usize>,
     sizes: Option<Vec<usize>>,
+    /// Messages per subscriber or publisher run (default 500,000; `--quick` 20,000).
+    messages: Option<u64>,
 }
 
 impl Opts {
@@ -520,7 +523,9 @@ async fn run(opts: Opts) {
         relay_pid: relay.0.id(),
     };
     let rounds = opts.rounds.unwrap_or(if quick { 1 } else { 7 });
-    let n_sub: u64 = if quick { 20_000 } else { 500_000 };
+    let n_sub: u64 = opts
+        .messages
+        .unwrap_or(if quick { 20_000 } else { 500_000 });
     let n_js: u64 = if quick { 2_000 } else { 50_000 };
     let (rate, secs) = if quick { (500, 0.5) } else { (1000, 5.0) };
     let paths = [Path::Direct, Path::Relay, Path::Proxy];
@@ -635,12 +640,14 @@ async fn run(opts: Opts) {
                 };
                 let (cpu0, _) = usage(pid);
                 let r = pub_throughput(&env, p, size, n_sub).await;
-                let (cpu1, rss) = usage(pid);
+                let (cpu1, _) = usage(pid);
                 let per_m = (cpu1 - cpu0) / n_sub as f64 * 1e6;
                 cpu.insert(p, per_m);
                 if p == Path::Proxy {
                     cpu_per_m.push(per_m);
-                    peak_rss = peak_rss.max(rss);
+                    // Once the burst has drained and the publisher's session closed.
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    peak_rss = peak_rss.max(usage(pid).1);
                 }
                 if p == Path::Relay {
                     relay_cpu_per_m.push(per_m);

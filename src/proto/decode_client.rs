@@ -7,7 +7,7 @@ use bytes::{Buf, BytesMut};
 use super::args;
 use super::error::ProtoError;
 use super::fast;
-use super::framer::{skip_blanks, Framer, Step, Verb, CLIENT_VERBS};
+use super::framer::{Framer, Step, Verb, CLIENT_VERBS};
 use super::op::{ClientOp, Span};
 use super::Limits;
 
@@ -71,16 +71,16 @@ impl ClientDecoder {
         if self.framer.pending.is_some() || self.framer.scanned != 0 || !buf.starts_with(b"PUB ") {
             return None;
         }
-        let window = &buf[..buf.len().min(4 + self.limits.max_control_line + 2)];
-        let nl = 4 + memchr::memchr(b'\n', &window[4..])?;
-        if buf[nl - 1] != b'\r' {
-            return None;
-        }
-        let args = skip_blanks(buf, 4, nl - 1);
+        let fast::PubLine {
+            nl,
+            args,
+            subject,
+            reply,
+            size,
+        } = fast::pub_line(buf, 4, 4 + self.limits.max_control_line + 2)?;
         if nl - 1 - args > self.limits.max_control_line {
             return None;
         }
-        let (subject, reply, size) = fast::pub_args(buf, args, nl - 1)?;
         let size = fast::parse_size(&buf[size.range()])?;
         if size > self.limits.max_payload {
             return None;

@@ -5,10 +5,11 @@
 //! Buffers and their bounds:
 //! - client read buffer: grows to one frame (control line ≤ 4 KiB + payload ≤ max_payload);
 //! - client write buffer: `max_client_pending`; past it the client is a slow consumer and
-//!   is closed (as nats-server does, without `-ERR`); once drained, a write buffer keeps
-//!   at most `RETAIN_WRITE` (1 MiB) of capacity;
-//! - upstream write buffer + session backlog: `max_backlog`; past it the client is not
-//!   read until the upstream drains (backpressure, no growth);
+//!   is closed (as nats-server does, without `-ERR`); once drained, it keeps at most
+//!   `RETAIN_WRITE` (1 MiB) of capacity (see `outbox`);
+//! - upstream write queue + session backlog: `max_backlog`; past it the client is not
+//!   read until the upstream drains (backpressure, no growth). The queue holds the
+//!   session's frames uncopied (see `outbox`);
 //! - upstream read buffer: one frame (≤ 64 MiB + control line, the server's own limit).
 
 use std::future::Future;
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
@@ -27,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::dial::{DialError, DialStage, Dialer};
+use super::outbox::{Chunks, Outbox};
 use super::report::{self, Holding, Reported};
 use super::tls::UpstreamIo;
 use super::watch::{ClientWatch, Member};
@@ -36,8 +38,6 @@ use crate::session::{Action, CloseReason, Epoch, Session};
 
 /// Spare capacity ensured before each read.
 const READ_CHUNK: usize = 64 * 1024;
-/// Capacity a drained write buffer may keep; a larger one is released.
-const RETAIN_WRITE: usize = 1024 * 1024;
 
 /// Refuses a client over the connection cap, as nats-server does.
 pub(super) async fn refuse(mut stream: TcpStream) {
@@ -48,45 +48,33 @@ pub(super) async fn refuse(mut stream: TcpStream) {
     .await;
 }
 
-/// One socket with its buffers.
-struct Conn<S> {
+/// One socket with its buffers: what was read, and what waits to be written.
+struct Conn<S, O> {
     io: S,
     rbuf: BytesMut,
-    wbuf: BytesMut,
+    wbuf: O,
 }
 
-impl Conn<TcpStream> {
+impl Conn<TcpStream, BytesMut> {
     fn new(io: TcpStream) -> Self {
         let _ = io.set_nodelay(true);
         Conn::with_read(io, BytesMut::with_capacity(READ_CHUNK))
     }
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin, O: Outbox> Conn<S, O> {
     /// A connection whose first bytes were already read (the upstream INFO).
     fn with_read(io: S, rbuf: BytesMut) -> Self {
         Conn {
             io,
             rbuf,
-            wbuf: BytesMut::new(),
+            wbuf: O::default(),
         }
     }
 
     /// Writes as much of `wbuf` as the socket takes. Ready(Err) on failure.
     fn poll_flush_buf(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while !self.wbuf.is_empty() {
-            match Pin::new(&mut self.io).poll_write(cx, &self.wbuf) {
-                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Poll::Ready(Ok(n)) => self.wbuf.advance(n),
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-        // A buffer that grew toward a slow reader gives its memory back once drained.
-        if self.wbuf.capacity() > RETAIN_WRITE {
-            self.wbuf = BytesMut::new();
-        }
-        Poll::Ready(Ok(()))
+        self.wbuf.poll_write_to(&mut self.io, cx)
     }
 
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
@@ -101,7 +89,7 @@ struct Upstream {
     epoch: Epoch,
     /// `host:port`, the metrics label.
     addr: String,
-    conn: Conn<UpstreamIo>,
+    conn: Conn<UpstreamIo, Chunks>,
     /// Close once the write buffer is flushed.
     closing: bool,
 }
@@ -131,7 +119,7 @@ struct Driver<'a> {
     dialer: &'a Arc<Dialer>,
     stats: &'a Stats,
     session: Session,
-    client: Conn<TcpStream>,
+    client: Conn<TcpStream, BytesMut>,
     client_closing: Option<CloseReason>,
     ups: Vec<Upstream>,
     dials: Vec<(Epoch, String, DialFuture)>,
@@ -412,7 +400,7 @@ impl Driver<'_> {
                 Action::ToUpstream(epoch, b) => {
                     if let Some(u) = self.ups.iter_mut().find(|u| u.epoch == epoch) {
                         self.bytes_to_upstream += b.len() as u64;
-                        u.conn.wbuf.extend_from_slice(&b);
+                        u.conn.wbuf.push(b);
                     }
                 }
                 Action::Dial { epoch, addr } => {
@@ -436,7 +424,7 @@ impl Driver<'_> {
     }
 
     fn upstream_backlog(&self) -> usize {
-        self.ups.iter().map(|u| u.conn.wbuf.len()).sum()
+        self.ups.iter().map(|u| u.conn.wbuf.len()).sum::<usize>()
     }
 
     fn poll_event(

@@ -5,6 +5,7 @@ pub(crate) mod budget;
 mod dial;
 mod driver;
 mod http;
+mod outbox;
 mod report;
 mod tls;
 pub mod watch;

@@ -19,6 +19,13 @@ pub const CONFIRM_DELAY: Duration = Duration::from_millis(20);
 /// Unconfirmed publish bytes that get their confirmation PING at once.
 pub const CONFIRM_BYTES: usize = 64 * 1024;
 
+/// Unconfirmed publish bytes on the primary past which the client is not read until a
+/// PONG confirms some (`Session::wants_client_input`): what a burst holds for
+/// re-sending, and what a dead node's publishes cost to send again. On loopback 1 MiB
+/// is about 6 ms of publishes at the proxy's top rate, many confirmation round trips.
+/// Without a primary the backlog takes up to `max_backlog` instead.
+pub const MAX_UNCONFIRMED: usize = 1024 * 1024;
+
 /// A client op waiting for a primary that accepts traffic.
 #[derive(Debug)]
 pub(super) enum Pending {
@@ -42,8 +49,9 @@ impl Pending {
 /// The client's publishes and PINGs on their way upstream.
 ///
 /// Bound: the session stops reading the client once [`Backlog::bytes`] plus the
-/// primary's unconfirmed bytes reach `max_backlog` (`Session::wants_client_input`); the
-/// queue itself never refuses an op.
+/// primary's unconfirmed bytes reach `max_backlog`, or the unconfirmed bytes alone
+/// reach [`MAX_UNCONFIRMED`] (`Session::wants_client_input`); the queue itself never
+/// refuses an op.
 #[derive(Debug, Default)]
 pub(super) struct Backlog {
     /// Ops waiting for a primary that takes traffic, in the client's order.

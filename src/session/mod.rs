@@ -106,7 +106,7 @@ mod timers;
 mod upstream;
 
 pub use action::{Action, CloseReason, Epoch};
-pub use backlog::{CONFIRM_BYTES, CONFIRM_DELAY};
+pub use backlog::{CONFIRM_BYTES, CONFIRM_DELAY, MAX_UNCONFIRMED};
 pub use dialing::{DIAL_WINDOW, MAX_DIALS_PER_WINDOW};
 pub use jetstream::consuming::{ConsumerActivity, Consuming, MAX_WATCHED_CONSUMERS};
 pub use session_config::*;
@@ -222,7 +222,9 @@ impl Session {
     /// True while the driver may read more from the client.
     pub fn wants_client_input(&self) -> bool {
         let unconfirmed = self.links.primary().map_or(0, |p| p.unconfirmed_bytes);
-        self.client.is_open() && self.backlog.bytes() + unconfirmed < self.cfg.max_backlog
+        self.client.is_open()
+            && unconfirmed < MAX_UNCONFIRMED
+            && self.backlog.bytes() + unconfirmed < self.cfg.max_backlog
     }
 
     /// How many other sessions of this process are moving off a lame-duck node now; the

@@ -301,3 +301,35 @@ fn a_verbose_client_gets_an_ok_per_publish() {
         "PUB a 1\r\nx\r\nPUB a 1\r\ny\r\n"
     );
 }
+
+/// A burst of publishes holds at most `MAX_UNCONFIRMED` for re-sending: past it the
+/// client is not read, and a PONG that confirms some lets it be read again.
+#[test]
+fn a_burst_is_read_no_further_than_the_unconfirmed_bound() {
+    let mut h = H::connected();
+    let chunk: Vec<u8> = b"PUB burst 100\r\n"
+        .iter()
+        .copied()
+        .chain([b'x'; 100])
+        .chain(*b"\r\n")
+        .cycle()
+        .take(117 * 512)
+        .collect();
+    let (mut read, mut pings) = (0, 0);
+    while h.s.wants_client_input() {
+        let a = h.client(&chunk);
+        read += chunk.len();
+        pings += to_upstream(&a)
+            .windows(6)
+            .filter(|w| w == b"PING\r\n")
+            .count();
+        assert!(read < 2 * MAX_UNCONFIRMED, "still read after {read} bytes");
+    }
+    assert!(read >= MAX_UNCONFIRMED, "stopped after {read} bytes");
+    assert!(pings > 0, "confirmation PINGs went out");
+    h.upstream(1, b"PONG\r\n");
+    assert!(
+        h.s.wants_client_input(),
+        "a confirmation lets the client be read"
+    );
+}
