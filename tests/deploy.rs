@@ -79,7 +79,7 @@ fn kubernetes_and_helm_files_embed_the_same_vector_config() {
         assert_eq!(
             (period, failures),
             (Some(10), Some(3)),
-            "{what}: the README's 90 s"
+            "{what}: the 90 s of docs/operating.md"
         );
     }
     let sidecars = [

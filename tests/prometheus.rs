@@ -112,12 +112,12 @@ fn rules_pass_promtool_check() {
 }
 
 #[test]
-fn every_alert_has_a_unit_test_a_severity_and_a_runbook_in_the_readme() {
+fn every_alert_has_a_unit_test_a_severity_and_a_runbook_in_the_docs() {
     let out = promtool(&["test", "rules", "natsproxy-rules.test.yaml"]);
     assert!(out.contains("SUCCESS"), "{out}");
     let tests = std::fs::read_to_string(repo_file(RULE_TESTS)).unwrap();
-    let readme = std::fs::read_to_string(repo_file("README.md")).unwrap();
-    let headings: BTreeSet<String> = readme
+    let runbooks = std::fs::read_to_string(repo_file("docs/operating.md")).unwrap();
+    let headings: BTreeSet<String> = runbooks
         .lines()
         .filter(|l| l.starts_with('#'))
         .map(|l| {
@@ -147,11 +147,15 @@ fn every_alert_has_a_unit_test_a_severity_and_a_runbook_in_the_readme() {
             ),
             "{name}: severity"
         );
-        let runbook = r["annotations"]["runbook"].as_str().expect("runbook");
-        let anchor = runbook.strip_prefix("README.md#").expect("README.md#…");
+        let runbook = r["annotations"]["runbook_url"]
+            .as_str()
+            .expect("runbook_url");
+        let anchor = runbook
+            .strip_prefix("docs/operating.md#")
+            .expect("docs/operating.md#…");
         assert!(
             headings.contains(anchor),
-            "{name}: no README heading for {runbook}"
+            "{name}: no heading in docs/operating.md for {runbook}"
         );
     }
     assert!(alerts >= 8, "{alerts} alerts");
