@@ -6,10 +6,10 @@
 //! - client read buffer: grows to one frame (control line ≤ 4 KiB + payload ≤ max_payload);
 //! - client write buffer: `max_client_pending`; past it the client is a slow consumer and
 //!   is closed (as nats-server does, without `-ERR`); once drained, it keeps at most
-//!   `RETAIN_WRITE` (1 MiB) of capacity (see `outbox`);
+//!   `RETAIN_WRITE` (1 MiB) of capacity (see `write_buf`);
 //! - upstream write queue + session backlog: `max_backlog`; past it the client is not
 //!   read until the upstream drains (backpressure, no growth). The queue holds the
-//!   session's frames uncopied (see `outbox`);
+//!   session's frames uncopied (see `write_buf`);
 //! - upstream read buffer: one frame (≤ 64 MiB + control line, the server's own limit).
 
 use std::future::Future;
@@ -28,10 +28,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::dial::{DialError, DialStage, Dialer};
-use super::outbox::{Chunks, Outbox};
 use super::report::{self, Holding, Reported};
 use super::tls::UpstreamIo;
 use super::watch::{ClientWatch, Member};
+use super::write_buf::{Chunks, WriteBuf};
 use super::Stats;
 use crate::config::Config;
 use crate::session::{Action, CloseReason, Epoch, Session};
@@ -62,7 +62,7 @@ impl Conn<TcpStream, BytesMut> {
     }
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin, O: Outbox> Conn<S, O> {
+impl<S: AsyncRead + AsyncWrite + Unpin, O: WriteBuf> Conn<S, O> {
     /// A connection whose first bytes were already read (the upstream INFO).
     fn with_read(io: S, rbuf: BytesMut) -> Self {
         Conn {

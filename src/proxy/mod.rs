@@ -5,10 +5,10 @@ pub(crate) mod budget;
 mod dial;
 mod driver;
 mod http;
-mod outbox;
 mod report;
 mod tls;
 pub mod watch;
+mod write_buf;
 
 use std::io;
 use std::net::SocketAddr;

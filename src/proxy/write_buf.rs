@@ -12,10 +12,10 @@
 //!   issue 36).
 //!
 //! Bounds: neither refuses bytes; the driver stops reading the client while the
-//! upstream outboxes hold `max_backlog` bytes, and closes a client whose outbox passes
-//! `max_client_pending` (a slow consumer). Once drained, an outbox keeps at most
-//! [`RETAIN_WRITE`] bytes (or [`RETAIN_CHUNKS`] slots) of capacity; a larger one is
-//! released.
+//! upstream write buffers hold `max_backlog` bytes, and closes a client whose write
+//! buffer passes `max_client_pending` (a slow consumer). Once drained, a write buffer
+//! keeps at most [`RETAIN_WRITE`] bytes (or [`RETAIN_CHUNKS`] slots) of capacity; a
+//! larger one is released.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
@@ -25,15 +25,15 @@ use std::task::{Context, Poll};
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::AsyncWrite;
 
-/// Capacity a drained client outbox may keep; a larger one is released.
+/// Capacity a drained client write buffer may keep; a larger one is released.
 pub(super) const RETAIN_WRITE: usize = 1024 * 1024;
-/// Slots a drained upstream outbox may keep; a larger queue is released.
+/// Slots a drained upstream write queue may keep; a larger queue is released.
 pub(super) const RETAIN_CHUNKS: usize = 1024;
 /// Chunks handed to one vectored write (Linux takes up to 1,024).
 const MAX_IOV: usize = 64;
 
 /// Bytes waiting for a socket.
-pub(super) trait Outbox: Default {
+pub(super) trait WriteBuf: Default {
     /// Bytes waiting.
     fn len(&self) -> usize;
     /// Writes what `io` takes now; `Ready(Ok)` once empty.
@@ -44,7 +44,7 @@ pub(super) trait Outbox: Default {
     ) -> Poll<io::Result<()>>;
 }
 
-impl Outbox for BytesMut {
+impl WriteBuf for BytesMut {
     fn len(&self) -> usize {
         BytesMut::len(self)
     }
@@ -104,7 +104,7 @@ impl Chunks {
     }
 }
 
-impl Outbox for Chunks {
+impl WriteBuf for Chunks {
     fn len(&self) -> usize {
         self.bytes
     }
