@@ -25,29 +25,30 @@ fn anchor(heading: &str) -> String {
         .collect()
 }
 
-/// Headings outside fenced code blocks, as anchors.
-fn anchors(text: &str) -> BTreeSet<String> {
+/// The lines of `text` outside fenced code blocks.
+fn prose(text: &str) -> impl Iterator<Item = &str> {
     let mut fenced = false;
-    let mut out = BTreeSet::new();
-    for l in text.lines() {
+    text.lines().filter(move |l| {
         if l.starts_with("```") {
             fenced = !fenced;
-        } else if !fenced && l.starts_with('#') {
-            out.insert(anchor(l));
+            return false;
         }
-    }
-    out
+        !fenced
+    })
+}
+
+/// Headings outside fenced code blocks, as anchors.
+fn anchors(text: &str) -> BTreeSet<String> {
+    prose(text)
+        .filter(|l| l.starts_with('#'))
+        .map(anchor)
+        .collect()
 }
 
 /// The targets of `[text](target)` links outside fenced code blocks.
 fn links(text: &str) -> Vec<String> {
-    let mut fenced = false;
     let mut out = Vec::new();
-    for l in text.lines() {
-        if l.starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
+    for l in prose(text) {
         let mut rest = l;
         while let Some(i) = rest.find("](") {
             let after = &rest[i + 2..];

@@ -26,9 +26,9 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::AsyncWrite;
 
 /// Capacity a drained client write buffer may keep; a larger one is released.
-pub(super) const RETAIN_WRITE: usize = 1024 * 1024;
+const RETAIN_WRITE: usize = 1024 * 1024;
 /// Slots a drained upstream write queue may keep; a larger queue is released.
-pub(super) const RETAIN_CHUNKS: usize = 1024;
+const RETAIN_CHUNKS: usize = 1024;
 /// Chunks handed to one vectored write (Linux takes up to 1,024).
 const MAX_IOV: usize = 64;
 
